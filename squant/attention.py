@@ -1,0 +1,88 @@
+"""Self-attention with Q, K and V computed by one GEMM.
+
+Q, K and V read the same input, so SmoothQuant gives them one shared smoothing vector; the
+input is then quantized once and the three projections run as one [3·hidden, hidden] GEMM.
+The attention itself is the model's own (``config._attn_implementation``: sdpa, eager, ...).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from .errors import SquantError
+
+
+def fuse_qkv_linear(query: nn.Linear, key: nn.Linear, value: nn.Linear) -> nn.Linear:
+    """One float linear whose output is [q | k | v] (exactly the three outputs, concatenated)."""
+    in_f = query.in_features
+    outs = [m.out_features for m in (query, key, value)]
+    has_bias = query.bias is not None
+    fused = nn.Linear(in_f, sum(outs), bias=has_bias, dtype=query.weight.dtype)
+    with torch.no_grad():
+        fused.weight.copy_(torch.cat([query.weight, key.weight, value.weight]))
+        if has_bias:
+            fused.bias.copy_(torch.cat([query.bias, key.bias, value.bias]))
+    return fused
+
+
+class FusedSelfAttention(nn.Module):
+    """Replaces a Hugging Face self-attention module (same call signature and return).
+
+    qkv: [.., hidden] -> [.., 3·heads·head_dim], ordered q | k | v, each head-major.
+    out_proj: the output projection when the original module owns it (DistilBERT's out_lin),
+    kept under its original attribute name so module names do not change.
+    """
+
+    def __init__(
+        self,
+        original: nn.Module,
+        qkv: nn.Module,
+        num_heads: int,
+        out_name: str | None = None,
+    ) -> None:
+        super().__init__()
+        self.config = original.config
+        self.num_heads = num_heads
+        self.head_dim = int(original.attention_head_size)
+        self.scaling = float(original.scaling)
+        self.is_causal = False
+        self.dropout_p = float(getattr(getattr(original, "dropout", None), "p", 0.0))
+        self.qkv = qkv
+        self.out_name = out_name
+        if out_name is not None:
+            setattr(self, out_name, getattr(original, out_name))
+        # The model's own eager attention is the fallback when no fused kernel is configured.
+        self._eager_attention = sys.modules[type(original).__module__].eager_attention_forward
+        self.train(original.training)
+
+    def forward(
+        self, hidden_states: Tensor, attention_mask: Tensor | None = None, **kwargs: Any
+    ) -> tuple[Tensor, Tensor | None]:
+        for name in ("encoder_hidden_states", "cache", "past_key_values"):
+            if kwargs.pop(name, None) is not None:
+                raise SquantError(f"squant's fused attention is encoder-only; got {name}")
+        input_shape = hidden_states.shape[:-1]
+        qkv = self.qkv(hidden_states).view(*input_shape, 3, self.num_heads, self.head_dim)
+        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(dim=-3))
+        attention = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, self._eager_attention
+        )
+        out, weights = attention(
+            self,
+            q,
+            k,
+            v,
+            attention_mask,
+            dropout=self.dropout_p if self.training else 0.0,
+            scaling=self.scaling,
+            **kwargs,
+        )
+        out = out.reshape(*input_shape, -1).contiguous()
+        if self.out_name is not None:
+            out = getattr(self, self.out_name)(out)
+        return out, weights

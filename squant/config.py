@@ -1,0 +1,66 @@
+"""Quantization settings as a frozen value that travels with every result and saved model."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .errors import SquantError
+
+Mode = Literal["static", "dynamic"]
+ActRange = Literal["minmax", "percentile"]
+
+MODES: tuple[str, ...] = ("static", "dynamic")
+ACT_RANGES: tuple[str, ...] = ("minmax", "percentile")
+
+
+@dataclass(frozen=True)
+class SmoothQuantConfig:
+    """How to quantize an encoder.
+
+    mode: "static" uses one activation scale/zero-point per linear input, fixed at calibration;
+        "dynamic" computes a symmetric scale per token at run time.
+    alpha: SmoothQuant migration strength in [0, 1]; s = max|X|^a / max|W|^(1-a) per input
+        channel. 0 means plain W8A8 (no smoothing).
+    act_range: static only. "minmax" takes the calibrated range; "percentile" clips it to the
+        given percentile of a (memory-bounded) histogram of the smoothed activations, so a
+        handful of extreme tokens do not spend the 8-bit grid.
+    percentile: used with act_range="percentile", in (50, 100].
+    exclude: fnmatch patterns of module names (as in ``model.named_modules()``) to keep in
+        floating point, e.g. ``("*.layer.5.output.dense",)``.
+    """
+
+    mode: Mode = "static"
+    alpha: float = 0.5
+    act_range: ActRange = "percentile"
+    percentile: float = 99.99
+    exclude: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise SquantError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if isinstance(self.alpha, bool) or not isinstance(self.alpha, int | float):
+            raise SquantError(f"alpha must be a number in [0, 1], got {self.alpha!r}")
+        if not 0.0 <= float(self.alpha) <= 1.0:
+            raise SquantError(f"alpha must be in [0, 1], got {self.alpha}")
+        if self.act_range not in ACT_RANGES:
+            raise SquantError(f"act_range must be one of {ACT_RANGES}, got {self.act_range!r}")
+        if not 50.0 < float(self.percentile) <= 100.0:
+            raise SquantError(f"percentile must be in (50, 100], got {self.percentile}")
+        object.__setattr__(self, "alpha", float(self.alpha))
+        object.__setattr__(self, "percentile", float(self.percentile))
+        object.__setattr__(self, "exclude", tuple(self.exclude))
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["exclude"] = list(self.exclude)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SmoothQuantConfig:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise SquantError(f"unknown SmoothQuantConfig fields {sorted(unknown)}")
+        return cls(**d)

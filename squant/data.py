@@ -1,0 +1,112 @@
+"""Calibration text: read sentences (or sentence pairs) from a file and tokenize them.
+
+Accepted files:
+  .txt / .tsv  one text per line; a tab separates the two texts of a pair
+  .jsonl       one JSON object per line with a text field ("text", "sentence", ...) or a pair
+               ("sentence1"/"sentence2", "premise"/"hypothesis", "question"/"context", ...),
+               or a bare JSON string
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .errors import SquantError
+
+Text = str | tuple[str, str]
+
+PAIR_FIELDS = (
+    ("sentence1", "sentence2"),
+    ("premise", "hypothesis"),
+    ("question", "context"),
+    ("text_a", "text_b"),
+    ("question1", "question2"),
+)
+SINGLE_FIELDS = ("text", "sentence", "content", "document", "query")
+
+
+def _from_record(record: Any, where: str) -> Text | None:
+    if isinstance(record, str):
+        return record
+    if not isinstance(record, dict):
+        raise SquantError(f"{where}: expected a JSON object or string, got {type(record).__name__}")
+    for a, b in PAIR_FIELDS:
+        if isinstance(record.get(a), str) and isinstance(record.get(b), str):
+            return (record[a], record[b])
+    for key in SINGLE_FIELDS + tuple(a for a, _ in PAIR_FIELDS):
+        if isinstance(record.get(key), str):
+            return record[key]
+    fields = ", ".join(SINGLE_FIELDS) + "; pairs " + ", ".join("/".join(p) for p in PAIR_FIELDS)
+    raise SquantError(f"{where}: no text field found (looked for {fields})")
+
+
+def read_texts(path: str | Path, limit: int | None = None) -> list[Text]:
+    """Non-empty texts or pairs from a calibration file, in file order."""
+    path = Path(path)
+    if not path.is_file():
+        raise SquantError(f"calibration file {path} does not exist")
+    texts: list[Text] = []
+    try:
+        with path.open(encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                line = line.rstrip("\n")
+                if not line.strip():
+                    continue
+                if path.suffix == ".jsonl":
+                    try:
+                        record = json.loads(line)
+                    except json.JSONDecodeError as e:
+                        raise SquantError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+                    text = _from_record(record, f"{path}:{n}")
+                elif "\t" in line:
+                    a, b = line.split("\t", 1)
+                    text = (a, b)
+                else:
+                    text = line
+                if isinstance(text, str) and not text.strip():
+                    continue
+                texts.append(text)
+                if limit is not None and len(texts) >= limit:
+                    break
+    except UnicodeDecodeError as e:
+        raise SquantError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    if not texts:
+        raise SquantError(f"calibration file {path} holds no text")
+    return texts
+
+
+def tokenize(
+    tokenizer: Any, texts: list[Text], batch_size: int = 8, max_length: int = 128
+) -> list[dict[str, Any]]:
+    """Batches of tokenizer outputs (padded per batch, truncated to max_length)."""
+    if batch_size < 1:
+        raise SquantError(f"batch size must be >= 1, got {batch_size}")
+    if max_length < 2:
+        raise SquantError(f"max length must be >= 2, got {max_length}")
+    batches = []
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    for i in range(0, len(texts), batch_size):
+        chunk = texts[i : i + batch_size]
+        kwargs = {"padding": True, "truncation": True, "max_length": max_length}
+        if isinstance(chunk[0], tuple):
+            if not all(isinstance(t, tuple) for t in chunk):
+                raise SquantError("calibration texts mix single sentences and pairs")
+            first, second = zip(*chunk, strict=True)
+            enc = tokenizer(list(first), list(second), return_tensors="pt", **kwargs)
+        else:
+            enc = tokenizer(list(chunk), return_tensors="pt", **kwargs)
+        batches.append(dict(enc))
+    real = 0
+    for b in batches:
+        ids, mask = b["input_ids"], b.get("attention_mask")
+        keep = mask.bool() if mask is not None else ids.new_ones(ids.shape, dtype=bool)
+        for sid in special:
+            keep &= ids != sid
+        real += int(keep.sum())
+    if real == 0:
+        raise SquantError(
+            "the calibration text tokenizes to nothing but special tokens; give real sentences"
+        )
+    return batches

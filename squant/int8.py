@@ -1,0 +1,85 @@
+"""INT8 arithmetic and the oneDNN kernels it runs on.
+
+Conventions (every int8 tensor in squant follows them):
+- weights: symmetric per output channel, int8 in [-127, 127], w ≈ w_q * w_scale[:, None].
+- activations: uint8 with a zero point, x ≈ (x_q - zp) * x_scale. Symmetric int8 activations
+  are stored shifted by 128 (zp = 128): on CPUs whose VNNI multiplies only u8 by s8, oneDNN
+  runs s8 x s8 through a reference kernel thousands of times slower, while u8 x s8 with a zero
+  point runs brgemm (oneDNN folds zp * colsum(W) into the accumulator).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+QMIN_W, QMAX_W = -127, 127
+QMIN_A, QMAX_A = 0, 255
+SYMMETRIC_ZP = 128  # u8 zero point that makes a symmetric int8 grid
+_TINY = 1e-12
+
+
+def quantize_weight(w: Tensor) -> tuple[Tensor, Tensor]:
+    """[out, in] float -> (int8 [out, in], float32 scale [out]); symmetric per output row."""
+    w = w.detach().float()
+    scale = (w.abs().amax(dim=1) / QMAX_W).clamp(min=_TINY)
+    q = torch.round(w / scale[:, None]).clamp(QMIN_W, QMAX_W).to(torch.int8)
+    return q, scale
+
+
+def affine_qparams(lo: float, hi: float) -> tuple[float, int]:
+    """(scale, zero_point) of the uint8 grid covering [lo, hi] (always widened to include 0)."""
+    lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
+    scale = max((hi - lo) / (QMAX_A - QMIN_A), _TINY)
+    zero_point = int(min(max(round(-lo / scale), QMIN_A), QMAX_A))
+    return scale, zero_point
+
+
+def quantize_static(x: Tensor, multiplier: Tensor, zero_point: int) -> Tensor:
+    """uint8 = clamp(round(x * multiplier) + zp); multiplier [in] folds smoothing and 1/scale."""
+    return (torch.round(x * multiplier) + zero_point).clamp(QMIN_A, QMAX_A).to(torch.uint8)
+
+
+def quantize_per_token(x: Tensor) -> tuple[Tensor, Tensor]:
+    """[T, in] float -> (uint8 [T, in] with zp 128, float32 scale [T, 1]); symmetric per row."""
+    scale = (x.abs().amax(dim=-1, keepdim=True).float() / QMAX_W).clamp(min=_TINY)
+    q = torch.round(x / scale).clamp(QMIN_W, QMAX_W) + SYMMETRIC_ZP
+    return q.to(torch.uint8), scale
+
+
+def pack_weight(w_q: Tensor) -> Tensor:
+    """oneDNN's blocked layout of an int8 [out, in] weight (an opaque mkldnn tensor)."""
+    return torch.ops.onednn.qlinear_prepack(w_q, None)
+
+
+def int8_linear(
+    x_q: Tensor,
+    x_scale: float,
+    x_zero_point: int,
+    packed_weight: Tensor,
+    w_scale: Tensor,
+    w_zero_point: Tensor,
+    bias: Tensor | None,
+    out_dtype: torch.dtype,
+) -> Tensor:
+    """u8 [T, in] x s8 packed [out, in] -> out_dtype [T, out], with dequant scale and bias
+    applied inside the GEMM: y = x_scale * w_scale[o] * Σ (x_q - zp) w_q + bias[o]."""
+    return torch.ops.onednn.qlinear_pointwise(
+        x_q,
+        x_scale,
+        x_zero_point,
+        packed_weight,
+        w_scale,
+        w_zero_point,
+        bias,
+        1.0,
+        0,
+        out_dtype,
+        "none",
+        [],
+        "",
+    )
+
+
+def onednn_available() -> bool:
+    return bool(torch.backends.mkldnn.is_available())

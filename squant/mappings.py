@@ -1,0 +1,134 @@
+"""Architecture knowledge as data: where each encoder keeps the linears squant quantizes.
+
+Every supported encoder is post-LayerNorm with the same four GEMM sites per layer:
+
+    x ─ LN ─┬─ Q,K,V ─ attention ─ attn_out ─(+x)─ LN ─┬─ ffn_in ─ GELU ─ ffn_out ─(+)─ LN
+            └──────────── residual ──────────────┘     └────────── residual ──────────┘
+
+Paths below are relative to one encoder layer (``layers`` is relative to the base model).
+An architecture missing here is refused with an error that lists these, never mapped by guess.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from .errors import SquantError
+
+
+@dataclass(frozen=True)
+class EncoderLayout:
+    layers: str  # the ModuleList of encoder layers, from the base model
+    attention: str  # the self-attention module that owns the Q/K/V linears
+    query: str  # linear names inside the attention module
+    key: str
+    value: str
+    attn_out: str  # the attention output projection
+    ffn_in: str  # hidden -> intermediate (followed by the activation)
+    ffn_out: str  # intermediate -> hidden
+    num_heads: str  # config attribute holding the head count
+    position_offset: int = 0  # positions reserved before the first token (RoBERTa: pad + 1)
+
+
+BERT_LAYOUT = EncoderLayout(
+    layers="encoder.layer",
+    attention="attention.self",
+    query="query",
+    key="key",
+    value="value",
+    attn_out="attention.output.dense",
+    ffn_in="intermediate.dense",
+    ffn_out="output.dense",
+    num_heads="num_attention_heads",
+)
+
+# RoBERTa-style models offset positions by padding_idx + 1 (= 2 with pad id 1).
+ROBERTA_LAYOUT = EncoderLayout(**{**BERT_LAYOUT.__dict__, "position_offset": 2})
+
+DISTILBERT_LAYOUT = EncoderLayout(
+    layers="transformer.layer",
+    attention="attention",
+    query="q_lin",
+    key="k_lin",
+    value="v_lin",
+    attn_out="attention.out_lin",
+    ffn_in="ffn.lin1",
+    ffn_out="ffn.lin2",
+    num_heads="n_heads",
+)
+
+# config.model_type -> layout. MiniLM checkpoints are BertModel (model_type "bert").
+LAYOUTS: dict[str, EncoderLayout] = {
+    "bert": BERT_LAYOUT,
+    "distilbert": DISTILBERT_LAYOUT,
+    "roberta": ROBERTA_LAYOUT,
+    "xlm-roberta": ROBERTA_LAYOUT,
+}
+
+# Model classes squant has been tested with (base model and common task heads). Used to
+# rebuild a saved model without executing anything from the file.
+SUPPORTED_CLASSES: dict[str, tuple[str, ...]] = {
+    "bert": (
+        "BertModel",
+        "BertForSequenceClassification",
+        "BertForQuestionAnswering",
+        "BertForTokenClassification",
+        "BertForMaskedLM",
+    ),
+    "distilbert": (
+        "DistilBertModel",
+        "DistilBertForSequenceClassification",
+        "DistilBertForQuestionAnswering",
+        "DistilBertForTokenClassification",
+        "DistilBertForMaskedLM",
+    ),
+    "roberta": (
+        "RobertaModel",
+        "RobertaForSequenceClassification",
+        "RobertaForQuestionAnswering",
+        "RobertaForTokenClassification",
+        "RobertaForMaskedLM",
+    ),
+    "xlm-roberta": (
+        "XLMRobertaModel",
+        "XLMRobertaForSequenceClassification",
+        "XLMRobertaForQuestionAnswering",
+        "XLMRobertaForTokenClassification",
+        "XLMRobertaForMaskedLM",
+    ),
+}
+
+
+def supported_summary() -> str:
+    return "; ".join(f"{t}: {', '.join(c)}" for t, c in SUPPORTED_CLASSES.items())
+
+
+def layout_for(model: nn.Module) -> EncoderLayout:
+    """The layout of a Hugging Face encoder, or a SquantError naming what is supported."""
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    cls = type(model).__name__
+    if model_type not in LAYOUTS:
+        raise SquantError(
+            f"unsupported model {cls} (model_type={model_type!r}); squant supports "
+            f"{supported_summary()}"
+        )
+    if cls not in SUPPORTED_CLASSES[model_type]:
+        raise SquantError(
+            f"unsupported model class {cls} for model_type {model_type!r}; supported: "
+            f"{', '.join(SUPPORTED_CLASSES[model_type])}"
+        )
+    if getattr(config, "is_decoder", False) or getattr(config, "add_cross_attention", False):
+        raise SquantError(
+            f"{cls} is configured as a decoder (is_decoder/add_cross_attention); squant "
+            "quantizes bidirectional encoders only"
+        )
+    return LAYOUTS[model_type]
+
+
+def max_positions(model: nn.Module) -> int:
+    """The longest token sequence the model's position embeddings accept."""
+    layout = layout_for(model)
+    return int(model.config.max_position_embeddings) - layout.position_offset

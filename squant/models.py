@@ -1,0 +1,96 @@
+"""Loading Hugging Face checkpoints and tokenizers from local directories, with clear errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from torch import nn
+
+from .errors import SquantError
+from .mappings import LAYOUTS, SUPPORTED_CLASSES, supported_summary
+
+# Task name -> class-name suffix of the matching transformers head.
+TASK_SUFFIXES: dict[str, str] = {
+    "base": "Model",
+    "sequence-classification": "ForSequenceClassification",
+    "question-answering": "ForQuestionAnswering",
+    "token-classification": "ForTokenClassification",
+    "masked-lm": "ForMaskedLM",
+}
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+
+
+def _check_dir(path: str | Path) -> Path:
+    path = Path(path)
+    if not path.exists():
+        raise SquantError(f"checkpoint directory {path} does not exist")
+    if not path.is_dir():
+        raise SquantError(f"{path} is not a directory (expected a Hugging Face checkpoint)")
+    if not (path / "config.json").is_file():
+        raise SquantError(f"{path} has no config.json: not a Hugging Face checkpoint directory")
+    return path
+
+
+def load_config(path: str | Path) -> Any:
+    path = _check_dir(path)
+    try:
+        config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError, KeyError) as e:
+        raise SquantError(f"cannot read {path / 'config.json'}: {_first_line(e)}") from None
+    if config.model_type not in LAYOUTS:
+        raise SquantError(
+            f"{path}: model_type {config.model_type!r} is not supported; squant supports "
+            f"{supported_summary()}"
+        )
+    return config
+
+
+def model_class(config: Any, task: str = "auto") -> type[nn.Module]:
+    """The transformers class to load: the checkpoint's own head for task="auto"."""
+    supported = SUPPORTED_CLASSES[config.model_type]
+    if task == "auto":
+        declared = [a for a in (config.architectures or []) if a in supported]
+        name = declared[0] if declared else supported[0]
+    else:
+        if task not in TASK_SUFFIXES:
+            choices = ", ".join(["auto", *TASK_SUFFIXES])
+            raise SquantError(f"unknown task {task!r}; choose from {choices}")
+        name = next((c for c in supported if c.endswith(TASK_SUFFIXES[task])), None)
+        if name is None:
+            raise SquantError(f"no {task} head for model_type {config.model_type!r}")
+    return getattr(transformers, name)
+
+
+def load_model(path: str | Path, task: str = "auto") -> nn.Module:
+    """A float32 model in eval mode from a local checkpoint directory."""
+    config = load_config(path)
+    path = Path(path)
+    if not any((path / f).is_file() for f in WEIGHT_FILES):
+        raise SquantError(f"{path} has no weights ({' or '.join(WEIGHT_FILES[::2])})")
+    cls = model_class(config, task)
+    try:
+        model = cls.from_pretrained(str(path), dtype=torch.float32, local_files_only=True)
+    except (OSError, ValueError, RuntimeError, KeyError) as e:
+        raise SquantError(f"cannot load weights from {path}: {_first_line(e)}") from None
+    return model.eval()
+
+
+def load_tokenizer(path: str | Path) -> Any:
+    path = _check_dir(path)
+    try:
+        return transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SquantError(f"cannot load a tokenizer from {path}: {_first_line(e)}") from None
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__

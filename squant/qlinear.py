@@ -1,0 +1,167 @@
+"""QuantLinear: a drop-in nn.Linear with int8 weights and int8 (u8) activations.
+
+Buffers (all saved; the oneDNN-packed weight is derived and never saved):
+    weight            int8 [out, in]    W·s quantized per output row
+    weight_scale      f32  [out]
+    bias              f32  [out] or absent
+    input_multiplier  f32  [in]         1/s, the SmoothQuant pre-scale of the input
+    input_scale       f32  []           static only: scale of the smoothed input's u8 grid
+    input_zero_point  i32  []           static only
+
+static:  x_q = clamp(round(x · (1/s) / input_scale) + zp)     one multiplier per channel
+dynamic: x' = x · (1/s);  x_q = round(x' / scale_t) + 128     scale_t = max|x'_t| / 127
+Both then run one oneDNN u8×s8 GEMM with dequant scale (and, static, bias) applied inside it.
+Under torch.compile the quantize step fuses into the preceding kernel (LayerNorm, GELU, ...).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from . import int8
+from .config import MODES
+
+
+def _refresh_after_load(module: QuantLinear, _incompatible_keys: object) -> None:
+    module.refresh()
+
+
+class SmoothedLinear(nn.Linear):
+    """A float linear that applies SmoothQuant exactly: y = (x · m) W'ᵀ + b, with m = 1/s and
+    W' = W · s. Same output as the original up to float rounding; the inputs it sees (x · m)
+    are what the int8 version will quantize."""
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, smoothing: Tensor) -> SmoothedLinear:
+        new = cls(linear.in_features, linear.out_features, linear.bias is not None)
+        with torch.no_grad():
+            new.weight.copy_(linear.weight.float() * smoothing[None, :])
+            if linear.bias is not None:
+                new.bias.copy_(linear.bias)
+        new.register_buffer("input_multiplier", (1.0 / smoothing).float())
+        return new
+
+    def forward(self, x: Tensor) -> Tensor:
+        return nn.functional.linear(x * self.input_multiplier, self.weight, self.bias)
+
+
+class QuantLinear(nn.Module):
+    def __init__(self, in_features: int, out_features: int, bias: bool, mode: str) -> None:
+        super().__init__()
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        self.in_features = in_features
+        self.out_features = out_features
+        self.mode = mode
+        self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=torch.int8))
+        self.register_buffer("weight_scale", torch.ones(out_features))
+        self.register_buffer("bias", torch.zeros(out_features) if bias else None)
+        self.register_buffer("input_multiplier", torch.ones(in_features))
+        if mode == "static":
+            self.register_buffer("input_scale", torch.tensor(1.0))
+            self.register_buffer(
+                "input_zero_point", torch.tensor(int8.SYMMETRIC_ZP, dtype=torch.int32)
+            )
+        self.register_load_state_dict_post_hook(_refresh_after_load)
+        self.refresh()
+
+    @classmethod
+    def from_float(
+        cls,
+        linear: nn.Linear | SmoothedLinear,
+        mode: str,
+        input_range: tuple[float, float] | None = None,
+    ) -> QuantLinear:
+        """Quantize a float (optionally smoothed) linear. input_range: static only, the
+        calibrated (lo, hi) of the input *after* the smoothing pre-scale."""
+        q = cls(linear.in_features, linear.out_features, linear.bias is not None, mode)
+        with torch.no_grad():
+            if isinstance(linear, SmoothedLinear):
+                q.input_multiplier.copy_(linear.input_multiplier)
+            w_q, w_scale = int8.quantize_weight(linear.weight)
+            q.weight.copy_(w_q)
+            q.weight_scale.copy_(w_scale)
+            if linear.bias is not None:
+                q.bias.copy_(linear.bias.detach().float())
+            if mode == "static":
+                if input_range is None:
+                    raise ValueError("static QuantLinear needs the calibrated input_range")
+                scale, zp = int8.affine_qparams(*input_range)
+                q.input_scale.fill_(scale)
+                q.input_zero_point.fill_(zp)
+        q.refresh()
+        return q
+
+    def refresh(self) -> None:
+        """Derive the packed weight and the fused static multiplier from the saved buffers."""
+        self.register_buffer("packed_weight", int8.pack_weight(self.weight), persistent=False)
+        self.register_buffer(
+            "weight_zero_point",
+            torch.zeros(self.out_features, dtype=torch.int32),
+            persistent=False,
+        )
+        if self.mode == "static":
+            # Python scalars: the GEMM takes them as compile-time constants.
+            self._x_scale = float(self.input_scale)
+            self._x_zero_point = int(self.input_zero_point)
+            self.register_buffer(
+                "_static_multiplier", self.input_multiplier / self._x_scale, persistent=False
+            )
+
+    def forward(self, x: Tensor) -> Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, self.in_features)
+        if self.mode == "static":
+            x_q = int8.quantize_static(x2, self._static_multiplier, self._x_zero_point)
+            y = int8.int8_linear(
+                x_q,
+                self._x_scale,
+                self._x_zero_point,
+                self.packed_weight,
+                self.weight_scale,
+                self.weight_zero_point,
+                self.bias,
+                x.dtype,
+            )
+        else:
+            x_q, token_scale = int8.quantize_per_token(x2 * self.input_multiplier)
+            y = int8.int8_linear(
+                x_q,
+                1.0,
+                int8.SYMMETRIC_ZP,
+                self.packed_weight,
+                self.weight_scale,
+                self.weight_zero_point,
+                None,
+                torch.float32,
+            )
+            y = y * token_scale
+            if self.bias is not None:
+                y = y + self.bias
+            y = y.to(x.dtype)
+        return y.reshape(*shape[:-1], self.out_features)
+
+    def dequantized_weight(self) -> Tensor:
+        """The float weight the int8 GEMM effectively applies to the *smoothed* input."""
+        return self.weight.float() * self.weight_scale[:, None]
+
+    def extra_repr(self) -> str:
+        s = f"in={self.in_features}, out={self.out_features}, bias={self.bias is not None}"
+        s += f", mode={self.mode}"
+        if self.mode == "static":
+            s += f", x_scale={self._x_scale:.4g}, x_zp={self._x_zero_point}"
+        return s
+
+    # oneDNN's packed weight is an opaque tensor that cannot be copied or pickled: drop it and
+    # derive it again (deepcopy, pickle, multiprocessing).
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_buffers"] = {k: v for k, v in self._buffers.items() if k != "packed_weight"}
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.refresh()

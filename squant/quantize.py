@@ -1,0 +1,224 @@
+"""Model surgery: fuse Q/K/V, smooth, calibrate, and swap linears for int8 ones.
+
+    quantize(model, SmoothQuantConfig(mode="static", alpha=0.5), calibration=batches)
+
+Per encoder layer (post-LayerNorm), with s from smoothing_factors():
+  qkv      input = LayerNorm output (also the residual): x/s at run time (fused into the
+           quantize step), one s shared by Q, K and V.
+  attn_out input = attention context: 1/s folded into V's output rows, exact because the
+           attention output is linear in V's channels; no run-time cost.
+  ffn_in   input = LayerNorm output: x/s at run time.
+  ffn_out  input = GELU output: x/s at run time.
+Left in floating point: embeddings, LayerNorms, the attention matmuls and softmax, the pooler
+and task heads (one row per sequence: int8 saves nothing there and costs accuracy).
+"""
+
+from __future__ import annotations
+
+import copy
+import fnmatch
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from . import int8
+from .attention import FusedSelfAttention, fuse_qkv_linear
+from .calibrate import ChannelRange, Histogram, InputObservers, prepare_batches, run_batches
+from .config import SmoothQuantConfig
+from .errors import SquantError
+from .mappings import EncoderLayout, layout_for
+from .qlinear import QuantLinear, SmoothedLinear
+from .smooth import smoothing_factors, weight_channel_absmax
+
+SITE_KINDS = ("qkv", "attn_out", "ffn_in", "ffn_out")
+
+
+@dataclass(frozen=True)
+class Site:
+    """One GEMM squant quantizes: its module name, kind and encoder layer index."""
+
+    name: str
+    kind: str
+    layer: int
+
+
+def _layers(model: nn.Module, layout: EncoderLayout) -> tuple[str, nn.ModuleList]:
+    base = model.base_model
+    prefix = "" if base is model else f"{model.base_model_prefix}."
+    return f"{prefix}{layout.layers}", base.get_submodule(layout.layers)
+
+
+def fuse_attention(model: nn.Module, layout: EncoderLayout) -> None:
+    """Replace each layer's self-attention with FusedSelfAttention (float Q|K|V GEMM). Exact."""
+    _, layers = _layers(model, layout)
+    out_in_attention = layout.attn_out.startswith(layout.attention + ".")
+    out_name = layout.attn_out.rsplit(".", 1)[1] if out_in_attention else None
+    num_heads = int(getattr(model.config, layout.num_heads))
+    for layer in layers:
+        attn = layer.get_submodule(layout.attention)
+        if isinstance(attn, FusedSelfAttention):
+            continue
+        qkv = fuse_qkv_linear(*(getattr(attn, n) for n in (layout.query, layout.key, layout.value)))
+        layer.set_submodule(layout.attention, FusedSelfAttention(attn, qkv, num_heads, out_name))
+
+
+def find_sites(model: nn.Module, layout: EncoderLayout) -> list[Site]:
+    """The four GEMM sites of every layer, named as in model.named_modules() after fusion."""
+    path, layers = _layers(model, layout)
+    sites = []
+    for i in range(len(layers)):
+        p = f"{path}.{i}."
+        sites += [
+            Site(f"{p}{layout.attention}.qkv", "qkv", i),
+            Site(f"{p}{layout.attn_out}", "attn_out", i),
+            Site(f"{p}{layout.ffn_in}", "ffn_in", i),
+            Site(f"{p}{layout.ffn_out}", "ffn_out", i),
+        ]
+    return sites
+
+
+def _excluded(name: str, patterns: Iterable[str]) -> bool:
+    return any(fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+def _alpha_for(alpha: float | Mapping[str, float], site: Site) -> float:
+    return float(alpha[site.name]) if isinstance(alpha, Mapping) else float(alpha)
+
+
+@torch.no_grad()
+def _apply_smoothing(
+    model: nn.Module,
+    layout: EncoderLayout,
+    sites: list[Site],
+    stats: Mapping[str, ChannelRange],
+    alpha: float | Mapping[str, float],
+) -> dict[str, Tensor]:
+    """Smooth every site in place (exact in real arithmetic). Returns, per site, m = 1/s: the
+    per-channel factor between the original input and the input its GEMM now sees."""
+    _, layers = _layers(model, layout)
+    multipliers: dict[str, Tensor] = {}
+    # attn_out first: folding into V changes the QKV weight that QKV's smoothing reads.
+    for site in sorted(sites, key=lambda s: s.kind != "attn_out"):
+        linear = model.get_submodule(site.name)
+        s = smoothing_factors(
+            stats[site.name].absmax, weight_channel_absmax(linear.weight), _alpha_for(alpha, site)
+        )
+        multipliers[site.name] = 1.0 / s
+        if site.kind == "attn_out":
+            qkv = layers[site.layer].get_submodule(layout.attention).qkv
+            v_rows = slice(2 * linear.in_features, 3 * linear.in_features)
+            qkv.weight[v_rows] /= s[:, None]
+            if qkv.bias is not None:
+                qkv.bias[v_rows] /= s
+            linear.weight.mul_(s[None, :])
+        else:
+            model.set_submodule(site.name, SmoothedLinear.from_linear(linear, s))
+    return multipliers
+
+
+def _observe(
+    model: nn.Module,
+    names: Iterable[str],
+    make_observer: Any,
+    batches: list[dict[str, Tensor]],
+    desc: str,
+    progress: bool,
+) -> dict[str, Any]:
+    modules = {n: model.get_submodule(n) for n in names}
+    # A SmoothedLinear multiplies its input by 1/s first: observe what its GEMM sees.
+    multipliers = {
+        n: m.input_multiplier for n, m in modules.items() if isinstance(m, SmoothedLinear)
+    }
+    with InputObservers(modules, make_observer, multipliers) as obs:
+        run_batches(model, batches, obs, desc=desc, progress=progress)
+    for name, ob in obs.observers.items():
+        if getattr(ob, "tokens", 1) == 0:
+            raise SquantError(f"no calibration tokens reached {name}: all positions were padding?")
+    return obs.observers
+
+
+def _prepare(
+    model: nn.Module, calibration: Any, exclude: Iterable[str], inplace: bool
+) -> tuple[nn.Module, EncoderLayout, list[Site], list[dict[str, Tensor]]]:
+    layout = layout_for(model)
+    dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    if dtypes != {torch.float32}:
+        raise SquantError(
+            f"expected a float32 model, got parameter dtypes {sorted(map(str, dtypes))}; "
+            "load it with torch_dtype=torch.float32"
+        )
+    batches = prepare_batches(calibration, model)
+    if not inplace:
+        model = copy.deepcopy(model)
+    model.eval()
+    fuse_attention(model, layout)
+    sites = [s for s in find_sites(model, layout) if not _excluded(s.name, exclude)]
+    return model, layout, sites, batches
+
+
+def smooth(
+    model: nn.Module,
+    calibration: Iterable[Any],
+    alpha: float | Mapping[str, float] = 0.5,
+    *,
+    exclude: Iterable[str] = (),
+    inplace: bool = False,
+    progress: bool = True,
+) -> nn.Module:
+    """The float model with Q/K/V fused and SmoothQuant applied: same outputs as the input
+    model (up to float rounding), activation outliers moved into the weights."""
+    model, layout, sites, batches = _prepare(model, calibration, exclude, inplace)
+    stats = _observe(model, [s.name for s in sites], ChannelRange, batches, "smoothing", progress)
+    _apply_smoothing(model, layout, sites, stats, alpha)
+    return model.eval()
+
+
+def quantize(
+    model: nn.Module,
+    config: SmoothQuantConfig | None = None,
+    calibration: Iterable[Any] | None = None,
+    *,
+    inplace: bool = False,
+    progress: bool = True,
+) -> nn.Module:
+    """SmoothQuant INT8 of a Hugging Face encoder; returns an nn.Module with the same forward
+    signature and outputs. The input model is left untouched unless inplace=True.
+
+    calibration: an iterable of tokenizer outputs (dicts with input_ids, attention_mask, ...)
+    or input_ids tensors; a few dozen sentences of the target domain are enough.
+    """
+    config = config or SmoothQuantConfig()
+    if not int8.onednn_available():
+        raise SquantError("this PyTorch build has no oneDNN (mkldnn): squant needs an x86-64 CPU")
+    model, layout, sites, batches = _prepare(model, calibration, config.exclude, inplace)
+    names = [s.name for s in sites]
+    stats = _observe(model, names, ChannelRange, batches, "calibrating", progress)
+    multipliers = _apply_smoothing(model, layout, sites, stats, config.alpha)
+
+    ranges: dict[str, tuple[float, float]] = {}
+    if config.mode == "static":
+        if config.act_range == "minmax":
+            ranges = {n: stats[n].range_after(multipliers[n]) for n in names}
+        else:
+            hists = _observe(model, names, Histogram, batches, "activation ranges", progress)
+            ranges = {n: hists[n].percentile_range(config.percentile) for n in names}
+
+    modules: dict[str, dict[str, Any]] = {}
+    for site in sites:
+        float_linear = model.get_submodule(site.name)
+        q = QuantLinear.from_float(float_linear, config.mode, ranges.get(site.name))
+        model.set_submodule(site.name, q)
+        modules[site.name] = {
+            "kind": site.kind,
+            "layer": site.layer,
+            "in_features": q.in_features,
+            "out_features": q.out_features,
+            "bias": q.bias is not None,
+            "mode": q.mode,
+            "alpha": _alpha_for(config.alpha, site),
+        }
+    model.squant_info = {"config": config.to_dict(), "modules": modules}
+    return model.eval()

@@ -1,0 +1,88 @@
+"""Kernel-level checks: oneDNN int8 GEMMs against float math on the dequantized operands."""
+
+import copy
+import pickle
+
+import pytest
+import torch
+from torch import nn
+
+from squant import int8
+from squant.qlinear import QuantLinear, SmoothedLinear
+
+
+def test_quantize_weight_error_is_within_half_a_step():
+    torch.manual_seed(0)
+    w = torch.randn(16, 32)
+    q, scale = int8.quantize_weight(w)
+    assert q.dtype == torch.int8 and int(q.abs().max()) == 127
+    err = (q.float() * scale[:, None] - w).abs()
+    assert bool((err <= scale[:, None] / 2 + 1e-7).all())
+
+
+@pytest.mark.parametrize(
+    ("lo", "hi"), [(-1.0, 3.0), (0.5, 2.0), (-2.0, -1.0), (0.0, 0.0), (-0.17, 8.0)]
+)
+def test_affine_qparams_cover_the_range_and_zero(lo, hi):
+    scale, zp = int8.affine_qparams(lo, hi)
+    assert 0 <= zp <= 255 and scale > 0
+    grid_lo, grid_hi = (0 - zp) * scale, (255 - zp) * scale
+    assert grid_lo <= min(lo, 0.0) + scale and grid_hi >= max(hi, 0.0) - scale
+
+
+def test_per_token_quantization_uses_each_rows_own_scale():
+    x = torch.tensor([[1.0, -0.5, 0.25], [100.0, 50.0, -25.0]])
+    q, scale = int8.quantize_per_token(x)
+    torch.testing.assert_close(scale.squeeze(1), torch.tensor([1 / 127, 100 / 127]))
+    assert q.dtype == torch.uint8
+    torch.testing.assert_close((q.float() - 128) * scale, x, atol=0.5 * 100 / 127, rtol=0)
+    assert int(q[0, 0]) == 255 and int(q[1, 0]) == 255
+
+
+def _smoothed_linear(seed=0, k=48, n=24):
+    torch.manual_seed(seed)
+    lin = nn.Linear(k, n)
+    s = torch.rand(k) + 0.5
+    return SmoothedLinear.from_linear(lin, s)
+
+
+def _reference_static(q: QuantLinear, x):
+    """Float math on the dequantized operands: the same grid, no integer kernel."""
+    x_q = int8.quantize_static(x, q.input_multiplier / q._x_scale, q._x_zero_point)
+    x_deq = (x_q.float() - q._x_zero_point) * q._x_scale
+    return nn.functional.linear(x_deq, q.dequantized_weight(), q.bias)
+
+
+def _reference_dynamic(q: QuantLinear, x):
+    x_q, scale = int8.quantize_per_token(x * q.input_multiplier)
+    x_deq = (x_q.float() - 128) * scale
+    return nn.functional.linear(x_deq, q.dequantized_weight(), q.bias)
+
+
+@pytest.mark.parametrize("mode", ["static", "dynamic"])
+def test_int8_gemm_matches_dequantized_float_reference(mode):
+    lin = _smoothed_linear()
+    x = torch.randn(3, 10, 48) * 2
+    rng = (float((x * lin.input_multiplier).min()), float((x * lin.input_multiplier).max()))
+    q = QuantLinear.from_float(lin, mode, rng if mode == "static" else None)
+    y = q(x)
+    ref = (_reference_static if mode == "static" else _reference_dynamic)(q, x.reshape(-1, 48))
+    assert y.shape == (3, 10, 24) and y.dtype == torch.float32
+    # integer accumulation is exact; only float rounding of scales/bias differs
+    torch.testing.assert_close(y.reshape(-1, 24), ref, rtol=1e-5, atol=1e-5)
+    # and the whole thing is close to the float layer (quantization error, not kernel error)
+    with torch.no_grad():
+        assert float(nn.functional.cosine_similarity(y.flatten(), lin(x).flatten(), 0)) > 0.999
+
+
+def test_quant_linear_survives_deepcopy_pickle_and_state_dict():
+    lin = _smoothed_linear()
+    q = QuantLinear.from_float(lin, "static", (-3.0, 4.0))
+    x = torch.randn(5, 48)
+    y = q(x)
+    for clone in (copy.deepcopy(q), pickle.loads(pickle.dumps(q))):
+        torch.testing.assert_close(clone(x), y, rtol=0, atol=0)
+    fresh = QuantLinear(48, 24, True, "static")
+    fresh.load_state_dict(q.state_dict())
+    torch.testing.assert_close(fresh(x), y, rtol=0, atol=0)
+    assert "packed_weight" not in q.state_dict()

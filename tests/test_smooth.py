@@ -1,0 +1,52 @@
+import pytest
+import torch
+
+from squant.qlinear import SmoothedLinear
+from squant.smooth import S_MAX, smoothing_factors, weight_channel_absmax
+
+
+def test_smoothing_factors_match_the_formula():
+    act = torch.tensor([4.0, 1.0, 100.0])
+    w = torch.tensor([1.0, 4.0, 0.25])
+    s = smoothing_factors(act, w, alpha=0.5)
+    torch.testing.assert_close(s, torch.tensor([2.0, 0.5, 20.0]))
+    s = smoothing_factors(act, w, alpha=0.75)
+    torch.testing.assert_close(s, act**0.75 / w**0.25)
+
+
+def test_alpha_zero_is_no_smoothing_and_dead_channels_keep_one():
+    act = torch.tensor([3.0, 0.0, 2.0])
+    w = torch.tensor([1.0, 1.0, 0.0])
+    assert torch.equal(smoothing_factors(act, w, 0.0), torch.ones(3))
+    s = smoothing_factors(act, w, 0.5)
+    assert s[1] == 1.0 and s[2] == 1.0 and s[0] == pytest.approx(3**0.5)
+
+
+def test_smoothing_factors_are_bounded():
+    s = smoothing_factors(torch.tensor([1e12]), torch.tensor([1e-12]), 1.0)
+    assert float(s) == S_MAX
+
+
+def test_smoothing_factors_reject_bad_input():
+    with pytest.raises(ValueError, match="alpha"):
+        smoothing_factors(torch.ones(2), torch.ones(2), 1.5)
+    with pytest.raises(ValueError, match="vectors"):
+        smoothing_factors(torch.ones(2), torch.ones(3), 0.5)
+
+
+def test_weight_channel_absmax_over_several_weights():
+    a = torch.tensor([[1.0, -5.0], [2.0, 0.0]])
+    b = torch.tensor([[-3.0, 1.0]])
+    assert torch.equal(weight_channel_absmax(a, b), torch.tensor([3.0, 5.0]))
+
+
+def test_smoothed_linear_is_exact():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(32, 16)
+    x = torch.randn(8, 32) * torch.logspace(-2, 2, 32)
+    s = smoothing_factors(x.abs().amax(0), weight_channel_absmax(lin.weight), 0.5)
+    smoothed = SmoothedLinear.from_linear(lin, s)
+    torch.testing.assert_close(smoothed(x), lin(x), rtol=1e-5, atol=1e-5)
+    # the GEMM now sees a flatter input: the largest channel ratio shrinks
+    seen = (x * smoothed.input_multiplier).abs().amax(0)
+    assert seen.max() / seen.min() < x.abs().amax(0).max() / x.abs().amax(0).min()
