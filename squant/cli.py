@@ -52,7 +52,12 @@ def _add_quantize(p: argparse.ArgumentParser) -> None:
     p.add_argument("--task", default="auto", help="head to load (auto = the checkpoint's own)")
     p.add_argument("--calib-size", type=int, default=256, help="texts used for calibration")
     p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--max-length", type=int, default=128, help="tokens per calibration text")
+    p.add_argument(
+        "--max-length",
+        type=int,
+        default=None,
+        help="tokens per calibration text (default: 128, or the model's limit if smaller)",
+    )
     add_config_arguments(p)
 
 
@@ -68,10 +73,11 @@ def _run_quantize(args: argparse.Namespace) -> None:
     texts = data.read_texts(args.calib, limit=args.calib_size)
     model = models.load_model(args.checkpoint, args.task)
     limit = max_positions(model)
-    if args.max_length > limit:
-        raise SquantError(f"--max-length {args.max_length} exceeds the model's {limit} positions")
+    max_length = args.max_length or min(128, limit)
+    if max_length > limit:
+        raise SquantError(f"--max-length {max_length} exceeds the model's {limit} positions")
     tokenizer = models.load_tokenizer(args.checkpoint)
-    batches = data.tokenize(tokenizer, texts, args.batch_size, args.max_length)
+    batches = data.tokenize(tokenizer, texts, args.batch_size, max_length)
     qmodel = quantize(model, config, batches, inplace=True)
     out = save(qmodel, args.out, tokenizer=tokenizer)
     n = len(qmodel.squant_info["modules"])
@@ -101,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     # transformers imports torchao, which logs about CUDA-only kernels it cannot load on a CPU.
     for noisy in ("torchao", "torch.utils._pytree"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()  # squant shows its own progress
     args = build_parser().parse_args(argv)
     try:
         COMMANDS[args.command][2](args)

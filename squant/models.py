@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import safetensors
 import torch
 import transformers
 from torch import nn
@@ -28,13 +29,13 @@ WEIGHT_FILES = (
 )
 
 
-def _check_dir(path: str | Path) -> Path:
+def _check_dir(path: str | Path, need_config: bool = True) -> Path:
     path = Path(path)
     if not path.exists():
         raise SquantError(f"checkpoint directory {path} does not exist")
     if not path.is_dir():
         raise SquantError(f"{path} is not a directory (expected a Hugging Face checkpoint)")
-    if not (path / "config.json").is_file():
+    if need_config and not (path / "config.json").is_file():
         raise SquantError(f"{path} has no config.json: not a Hugging Face checkpoint directory")
     return path
 
@@ -78,13 +79,14 @@ def load_model(path: str | Path, task: str = "auto") -> nn.Module:
     cls = model_class(config, task)
     try:
         model = cls.from_pretrained(str(path), dtype=torch.float32, local_files_only=True)
-    except (OSError, ValueError, RuntimeError, KeyError) as e:
+    except (OSError, ValueError, RuntimeError, KeyError, safetensors.SafetensorError) as e:
         raise SquantError(f"cannot load weights from {path}: {_first_line(e)}") from None
     return model.eval()
 
 
 def load_tokenizer(path: str | Path) -> Any:
-    path = _check_dir(path)
+    """The tokenizer saved in a checkpoint (or in a directory written by squant.save)."""
+    path = _check_dir(path, need_config=False)
     try:
         return transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError, KeyError, TypeError) as e:

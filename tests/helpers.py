@@ -53,6 +53,8 @@ def tiny_model(
 ) -> nn.Module:
     torch.manual_seed(seed)
     cls = getattr(transformers, _CLASS_PREFIX[arch] + _HEAD_SUFFIX[head])
+    if head == "question-answering":
+        overrides.setdefault("num_labels", 2)  # start and end logits
     model = cls(tiny_config(arch, **overrides)).eval()
     if outliers:
         inject_outliers(model)
@@ -105,5 +107,12 @@ def cosine(ref: Tensor, test: Tensor) -> float:
 
 
 def run(model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
+    """The model's main output (hidden states, logits or start logits)."""
     with torch.no_grad():
         return main_output(model(**batch))
+
+
+def last_hidden(model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
+    """The encoder's last hidden states, whatever head sits on top (what int8 changes)."""
+    with torch.no_grad():
+        return model(**batch, output_hidden_states=True).hidden_states[-1]

@@ -1,0 +1,37 @@
+from pathlib import Path
+
+import pytest
+import transformers
+
+from tests.helpers import tiny_model
+
+_SENTENCE = "the a cat dog sat on mat runs fast slow red blue green man woman child plays music"
+_MORE = "in park ball is are was were and or not happy sad big small house tree car street"
+WORDS = tuple(f"{_SENTENCE} {_MORE}".split(" "))
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    """A tiny BERT sequence classifier with a real WordPiece tokenizer, saved to disk."""
+    path = tmp_path_factory.mktemp("ckpt") / "tiny-bert"
+    path.mkdir()
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", ",", *WORDS]
+    tok = transformers.BertTokenizer(vocab={w: i for i, w in enumerate(vocab)})
+    model = tiny_model("bert", "sequence-classification", outliers=True, vocab_size=len(vocab))
+    model.config.architectures = ["BertForSequenceClassification"]
+    model.save_pretrained(str(path))
+    tok.save_pretrained(str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
+def calib_jsonl(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("data") / "calib.jsonl"
+    lines = [
+        '{"sentence1": "the cat sat on the mat .", "sentence2": "a cat is on a mat ."}',
+        '{"sentence1": "a man plays music in the park", "sentence2": "the man is sad"}',
+        '{"sentence1": "the red car runs fast", "sentence2": "a car is slow ."}',
+        '{"sentence1": "a child and a dog", "sentence2": "the dog is big , the child small"}',
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path

@@ -1,0 +1,84 @@
+import pytest
+import torch
+
+from squant.calibrate import ChannelRange, Histogram, InputObservers, prepare_batches
+from squant.errors import SquantError
+from tests.helpers import tiny_model
+
+
+def test_channel_range_over_batches_equals_global_range():
+    torch.manual_seed(0)
+    chunks = [torch.randn(n, 8) * (i + 1) for i, n in enumerate((3, 17, 5))]
+    obs = ChannelRange()
+    for c in chunks:
+        obs.update(c)
+    everything = torch.cat(chunks)
+    assert torch.equal(obs.min, everything.amin(0)) and torch.equal(obs.max, everything.amax(0))
+    assert obs.tokens == 25
+    m = torch.rand(8) + 0.1
+    lo, hi = obs.range_after(m)
+    assert lo == pytest.approx(float((everything * m).min()))
+    assert hi == pytest.approx(float((everything * m).max()))
+
+
+def test_histogram_quantiles_match_the_data_within_a_bin():
+    torch.manual_seed(0)
+    h = Histogram(bins=1024)
+    # growing ranges force several doublings
+    chunks = [torch.randn(4000) * scale for scale in (0.1, 1.0, 7.0)]
+    for c in chunks:
+        h.update(c)
+    data = torch.cat(chunks)
+    assert float(h.counts.sum()) == data.numel()  # doubling never loses a count
+    width = 2 * h.radius / h.bins
+    ordered = data.sort().values
+    for q in (0.001, 0.25, 0.5, 0.9, 0.9999):
+        # the q-quantile lies between the order statistics around q·n (one bin of slack)
+        k = q * data.numel()
+        below, above = ordered[max(int(k) - 1, 0)], ordered[min(int(k), data.numel() - 1)]
+        assert float(below) - width <= h.quantile(q) <= float(above) + width
+    lo, hi = h.percentile_range(99.9)
+    assert lo < 0 < hi
+
+
+def test_observers_skip_padding_positions():
+    lin = torch.nn.Linear(4, 4)
+    x = torch.zeros(2, 3, 4)
+    x[1, 2] = 100.0  # a padded position with a huge value
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    with InputObservers({"lin": lin}, ChannelRange) as obs:
+        obs.token_mask = mask
+        lin(x)
+    assert float(obs.observers["lin"].max.max()) == 0.0
+    assert obs.observers["lin"].tokens == 5
+
+
+def test_prepare_batches_accepts_tensors_and_dicts():
+    model = tiny_model("bert")
+    ids = torch.randint(3, 50, (2, 7))
+    out = prepare_batches([ids, {"input_ids": ids[0], "attention_mask": torch.ones(7)}], model)
+    assert out[0]["input_ids"].shape == (2, 7) and out[1]["input_ids"].shape == (1, 7)
+
+
+@pytest.mark.parametrize(
+    ("batches", "message"),
+    [
+        ([], "empty"),
+        (None, "required"),
+        ([torch.randint(3, 50, (1, 65))], "longer than the model's 64 positions"),
+        ([torch.zeros(1, 0, dtype=torch.long)], "empty"),
+        ([torch.randn(1, 4)], "integer"),
+        ([torch.tensor([[5, 999]])], "outside"),
+        (["a sentence"], "tokenizer output"),
+    ],
+)
+def test_prepare_batches_errors(batches, message):
+    with pytest.raises(SquantError, match=message):
+        prepare_batches(batches, tiny_model("bert"))
+
+
+def test_roberta_positions_account_for_the_padding_offset():
+    model = tiny_model("roberta")  # 66 position embeddings, 2 reserved
+    prepare_batches([torch.randint(3, 50, (1, 64))], model)
+    with pytest.raises(SquantError, match="64 positions"):
+        prepare_batches([torch.randint(3, 50, (1, 65))], model)
