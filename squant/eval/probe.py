@@ -1,0 +1,124 @@
+"""Linear probes for encoders without a task head (e.g. sentence-embedding models).
+
+A multinomial logistic-regression head is trained once on FP32 features and reused unchanged
+for every variant (FP32, BF16, INT8 ...): a change in accuracy is the encoder's doing.
+Pair tasks use the classic features [u, v, |u - v|, u * v] of mean-pooled sentence vectors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+
+@torch.no_grad()
+def embed(
+    model: nn.Module,
+    tokenizer: Any,
+    texts: Sequence[str],
+    batch_size: int = 128,
+    max_length: int = 128,
+    normalize: bool = True,
+    desc: str = "embedding",
+    progress: bool = True,
+) -> Tensor:
+    """Mean-pooled (optionally L2-normalized) last hidden states, [len(texts), hidden] float32.
+
+    Texts are batched by length (less padding), results come back in input order.
+    """
+    lengths = [len(t) for t in texts]
+    order = sorted(range(len(texts)), key=lengths.__getitem__)
+    out: Tensor | None = None
+    bar = tqdm(total=len(texts), desc=desc, disable=not progress, leave=False)
+    for start in range(0, len(order), batch_size):
+        idx = order[start : start + batch_size]
+        enc = tokenizer(
+            [texts[i] for i in idx],
+            padding=True,
+            truncation=True,
+            max_length=max_length,
+            return_tensors="pt",
+        )
+        if getattr(model.config, "model_type", None) == "distilbert":
+            enc.pop("token_type_ids", None)
+        hidden = last_hidden_state(model, dict(enc)).float()
+        mask = enc["attention_mask"].unsqueeze(-1).float()
+        pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+        if normalize:
+            pooled = nn.functional.normalize(pooled, dim=-1)
+        if out is None:
+            out = torch.empty(len(texts), pooled.shape[-1])
+        out[idx] = pooled
+        bar.update(len(idx))
+    bar.close()
+    if out is None:
+        raise ValueError("no texts to embed")
+    return out
+
+
+def last_hidden_state(model: nn.Module, inputs: dict[str, Tensor]) -> Tensor:
+    """The encoder's last hidden states, for a base model or one with a task head."""
+    if model.base_model is model:
+        return model(**inputs).last_hidden_state
+    return model(**inputs, output_hidden_states=True).hidden_states[-1]
+
+
+def pair_features(u: Tensor, v: Tensor) -> Tensor:
+    """[u, v, |u - v|, u * v] -> [N, 4 * hidden]."""
+    return torch.cat([u, v, (u - v).abs(), u * v], dim=-1)
+
+
+@dataclass
+class LinearProbe:
+    """Softmax regression on standardized features (weights fit by L-BFGS)."""
+
+    weight: Tensor  # [classes, features]
+    bias: Tensor  # [classes]
+    mean: Tensor  # [features]
+    std: Tensor  # [features]
+
+    @classmethod
+    def fit(
+        cls, x: Tensor, y: Tensor, num_classes: int, l2: float = 1e-4, max_iter: int = 300
+    ) -> LinearProbe:
+        x = x.double()
+        mean, std = x.mean(0), x.std(0).clamp(min=1e-6)
+        z = (x - mean) / std
+        w = torch.zeros(num_classes, x.shape[1], dtype=torch.float64, requires_grad=True)
+        b = torch.zeros(num_classes, dtype=torch.float64, requires_grad=True)
+        opt = torch.optim.LBFGS(
+            [w, b], lr=1.0, max_iter=max_iter, history_size=20, line_search_fn="strong_wolfe"
+        )
+
+        def closure() -> Tensor:
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(z @ w.T + b, y) + l2 * w.pow(2).sum()
+            loss.backward()
+            return loss
+
+        with torch.enable_grad():
+            opt.step(closure)
+        return cls(w.detach(), b.detach(), mean, std)
+
+    def logits(self, x: Tensor) -> Tensor:
+        return ((x.double() - self.mean) / self.std) @ self.weight.T + self.bias
+
+    def predict(self, x: Tensor) -> Tensor:
+        return self.logits(x).argmax(-1)
+
+
+def accuracy(pred: Tensor, gold: Tensor) -> float:
+    """Percent of predictions equal to the gold labels."""
+    if pred.shape != gold.shape or pred.numel() == 0:
+        raise ValueError(f"need equal, non-empty shapes, got {pred.shape} and {gold.shape}")
+    return 100.0 * float((pred == gold).float().mean())
+
+
+def mean_cosine(a: Tensor, b: Tensor) -> float:
+    """Mean over rows of cos(a_i, b_i)."""
+    return float(nn.functional.cosine_similarity(a.float(), b.float(), dim=-1).mean())

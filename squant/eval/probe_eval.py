@@ -1,0 +1,142 @@
+"""Linear-probe accuracy of an encoder and its variants on an NLI pair task (e.g. SNLI).
+
+    evaluate_probe("all-MiniLM-L6-v2/", test="snli_1.0_test.jsonl",
+                   train="snli_1.0_train_subset.jsonl", variants=("fp32", "static"))
+
+The probe is fit once on FP32 features of the first `train_pairs` training pairs and reused
+for every variant; calibration sentences come from the *end* of the training file, apart
+from the probe's pairs and never from the test set.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..data import tokenize
+from ..errors import SquantError
+from ..models import load_model, load_tokenizer
+from .nli import NLI_LABELS, Pairs, read_nli_jsonl
+from .probe import LinearProbe, accuracy, embed, mean_cosine, pair_features
+from .variants import VariantContext, build_variant, parse_variants
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    train_pairs: int = 20_000
+    l2: float = 1e-2
+    calib_sentences: int = 512
+    max_length: int = 128
+    batch_size: int = 128
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("SQUANT_CACHE", Path.home() / ".cache" / "squant"))
+
+
+def _cache_key(*parts: Any) -> str:
+    h = hashlib.sha1()
+    for p in parts:
+        if isinstance(p, Path) and p.exists():
+            for f in sorted(p.iterdir()) if p.is_dir() else [p]:
+                st = f.stat()
+                h.update(f"{f.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode())
+        else:
+            h.update(repr(p).encode())
+    return h.hexdigest()[:16]
+
+
+def _pair_embeddings(
+    model: Any, tok: Any, pairs: Pairs, s: ProbeSettings, desc: str, progress: bool
+) -> tuple[Tensor, Tensor]:
+    texts = pairs.premises + pairs.hypotheses
+    emb = embed(model, tok, texts, s.batch_size, s.max_length, desc=desc, progress=progress)
+    return emb[: len(pairs)], emb[len(pairs) :]
+
+
+def evaluate_probe(
+    model_dir: str | Path,
+    test: str | Path,
+    train: str | Path,
+    variants: tuple[str, ...] | str = ("fp32", "static", "dynamic"),
+    alpha: float = 0.5,
+    limit: int | None = None,
+    settings: ProbeSettings | None = None,
+    cache_dir: Path | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Accuracy (percent) and embedding cosine vs FP32 per variant, plus timing."""
+    s = settings or ProbeSettings()
+    variants = parse_variants(variants)
+    model = load_model(model_dir, task="base")
+    tok = load_tokenizer(model_dir)
+    test_pairs = read_nli_jsonl(test, limit)
+    train_all = read_nli_jsonl(train)
+    n_calib_pairs = (s.calib_sentences + 1) // 2
+    if len(train_all) < s.train_pairs + n_calib_pairs:
+        raise SquantError(
+            f"{train} has {len(train_all)} labelled pairs; the probe needs {s.train_pairs} plus "
+            f"{n_calib_pairs} held apart for calibration"
+        )
+    probe_pairs = train_all.slice(0, s.train_pairs)
+    held = train_all.slice(len(train_all) - n_calib_pairs)
+    calib_texts = [t for pair in zip(held.premises, held.hypotheses, strict=True) for t in pair]
+    calibration = tokenize(tok, calib_texts[: s.calib_sentences], 32, s.max_length)
+
+    cache = (cache_dir or default_cache_dir()) / "probe"
+    key = _cache_key(Path(model_dir), Path(train), s.train_pairs, s.max_length, "v1")
+    cached = cache / f"train-features-{key}.pt"
+    if cached.is_file():
+        feats = torch.load(cached, weights_only=True)
+    else:
+        u, v = _pair_embeddings(model, tok, probe_pairs, s, "probe features (fp32)", progress)
+        feats = pair_features(u, v)
+        cache.mkdir(parents=True, exist_ok=True)
+        torch.save(feats, cached)
+    y_train = torch.tensor(probe_pairs.labels)
+    probe = LinearProbe.fit(feats, y_train, len(NLI_LABELS), l2=s.l2)
+    gold = torch.tensor(test_pairs.labels)
+
+    ctx = VariantContext(calibration=calibration, alpha=alpha, progress=progress)
+    results: dict[str, dict[str, float]] = {}
+    reference: Tensor | None = None
+    ordered = sorted(variants, key=lambda v: v != "fp32")  # FP32 first: the cosine reference
+    if "fp32" not in variants:
+        ordered = ["fp32", *ordered]
+    for name in ordered:
+        t0 = time.perf_counter()
+        variant = build_variant(name, model, ctx)
+        build_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        u, v = _pair_embeddings(variant, tok, test_pairs, s, f"test ({name})", progress)
+        seconds = time.perf_counter() - t0
+        emb = torch.cat([u, v])
+        if name == "fp32":
+            reference = emb
+        if name not in variants:
+            continue
+        results[name] = {
+            "accuracy": accuracy(probe.predict(pair_features(u, v)), gold),
+            "embedding_cosine": mean_cosine(emb, reference),
+            "sentences_per_second": 2 * len(test_pairs) / seconds,
+            "build_seconds": build_s,
+        }
+    return {
+        "task": "probe",
+        "model": str(model_dir),
+        "test": str(test),
+        "n_test": len(test_pairs),
+        "alpha": alpha,
+        "probe": {
+            **asdict(s),
+            "train_accuracy": accuracy(probe.predict(feats), y_train),
+        },
+        "results": results,
+    }
