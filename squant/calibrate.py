@@ -1,7 +1,8 @@
 """Calibration: memory-bounded activation statistics gathered with forward hooks.
 
-Nothing here keeps activations: a ChannelRange holds two [channels] vectors, a Histogram a
-fixed number of bins, whatever the number or the sequence lengths of calibration batches.
+Nothing here keeps every activation: a ChannelRange holds two [channels] vectors, a Histogram
+a fixed number of bins, a TokenSample at most `max_tokens` rows (a uniform sample, for the
+alpha search), whatever the number or the sequence lengths of calibration batches.
 Padding positions (attention_mask == 0) are left out of every statistic.
 """
 
@@ -54,6 +55,50 @@ class ChannelRange:
     def range_after(self, multiplier: Tensor) -> tuple[float, float]:
         """(lo, hi) over all channels of x * multiplier (multiplier > 0, per channel)."""
         return float((self.min * multiplier).min()), float((self.max * multiplier).max())
+
+
+class TokenSample:
+    """A uniform random sample of at most `max_tokens` rows of a [tokens, channels] stream.
+
+    Every row gets a random key and the rows with the largest keys are kept (priority
+    sampling), so the sample is uniform over all rows seen, in O(max_tokens x channels).
+    """
+
+    def __init__(self, max_tokens: int = 512, seed: int = 0) -> None:
+        self.max_tokens = max_tokens
+        self.rows: Tensor | None = None
+        self.keys: Tensor | None = None
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def update(self, x: Tensor) -> None:
+        if x.shape[0] == 0:
+            return
+        x = x.detach().float()
+        keys = torch.rand(x.shape[0], generator=self.generator)
+        if self.rows is not None:
+            x, keys = torch.cat([self.rows, x]), torch.cat([self.keys, keys])
+        if x.shape[0] > self.max_tokens:
+            top = keys.topk(self.max_tokens).indices
+            x, keys = x[top], keys[top]
+        self.rows, self.keys = x.clone(), keys
+
+
+class SiteStats:
+    """Pass-1 statistics of one linear's input: channel ranges, and a token sample when the
+    smoothing strength is searched."""
+
+    def __init__(self, sample_tokens: int = 0) -> None:
+        self.range = ChannelRange()
+        self.sample = TokenSample(sample_tokens) if sample_tokens > 0 else None
+
+    @property
+    def tokens(self) -> int:
+        return self.range.tokens
+
+    def update(self, x: Tensor) -> None:
+        self.range.update(x)
+        if self.sample is not None:
+            self.sample.update(x)
 
 
 class Histogram:

@@ -16,10 +16,28 @@ from .errors import SquantError
 
 CONFIG_HELP = {
     "mode": "static: per-tensor activation scales from calibration; dynamic: per-token at run time",
-    "alpha": "SmoothQuant migration strength in [0, 1] (0 = no smoothing)",
+    "alpha": "SmoothQuant migration strength in [0, 1] (0 = no smoothing), or 'auto' to search "
+    "it per layer",
     "act_range": "static activation range: calibrated min/max, or a percentile of a histogram",
     "percentile": "percentile kept by --act-range percentile",
     "exclude": "module-name pattern to keep in float (repeatable), e.g. '*.layer.5.output.dense'",
+    "search_tokens": "calibration tokens sampled per linear by --alpha auto",
+}
+
+
+def _alpha(text: str) -> float | str:
+    if text == "auto":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or 'auto', got {text!r}") from None
+
+
+FIELD_TYPES: dict[str, Callable[[str], Any]] = {
+    "alpha": _alpha,
+    "percentile": float,
+    "search_tokens": int,
 }
 
 
@@ -32,7 +50,7 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(flag, action="append", default=[], help=CONFIG_HELP[field.name])
             continue
         choices = {"mode": MODES, "act_range": ACT_RANGES}.get(field.name)
-        kind = float if isinstance(default, float) else str
+        kind = FIELD_TYPES.get(field.name, str)
         parser.add_argument(
             flag, type=kind, default=default, choices=choices, help=CONFIG_HELP[field.name]
         )

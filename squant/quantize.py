@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import copy
 import fnmatch
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,12 +26,12 @@ from torch import Tensor, nn
 
 from . import int8
 from .attention import FusedSelfAttention, fuse_qkv_linear
-from .calibrate import ChannelRange, Histogram, InputObservers, prepare_batches, run_batches
+from .calibrate import Histogram, InputObservers, SiteStats, prepare_batches, run_batches
 from .config import SmoothQuantConfig
 from .errors import SquantError
 from .mappings import EncoderLayout, layout_for
 from .qlinear import QuantLinear, SmoothedLinear
-from .smooth import smoothing_factors, weight_channel_absmax
+from .smooth import search_alpha, smoothing_factors, weight_channel_absmax
 
 SITE_KINDS = ("qkv", "attn_out", "ffn_in", "ffn_out")
 
@@ -84,8 +84,27 @@ def _excluded(name: str, patterns: Iterable[str]) -> bool:
     return any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
 
-def _alpha_for(alpha: float | Mapping[str, float], site: Site) -> float:
-    return float(alpha[site.name]) if isinstance(alpha, Mapping) else float(alpha)
+AlphaChooser = Callable[[Site, nn.Linear], float]
+
+
+def fixed_alpha(alpha: float | Mapping[str, float]) -> AlphaChooser:
+    """One alpha for every site, or one per site name."""
+    if isinstance(alpha, Mapping):
+        return lambda site, _linear: float(alpha[site.name])
+    return lambda _site, _linear: float(alpha)
+
+
+def searched_alpha(stats: Mapping[str, SiteStats], mode: str) -> AlphaChooser:
+    """Per site, the alpha with the smallest int8 output error on its token sample."""
+
+    def choose(site: Site, linear: nn.Linear) -> float:
+        st = stats[site.name]
+        best, _errors = search_alpha(
+            st.sample.rows, linear.weight, st.range.min, st.range.max, mode
+        )
+        return best
+
+    return choose
 
 
 @torch.no_grad()
@@ -93,21 +112,26 @@ def _apply_smoothing(
     model: nn.Module,
     layout: EncoderLayout,
     sites: list[Site],
-    stats: Mapping[str, ChannelRange],
-    alpha: float | Mapping[str, float],
-) -> dict[str, Tensor]:
-    """Smooth every site in place (exact in real arithmetic). Returns, per site, m = 1/s: the
-    per-channel factor between the original input and the input its GEMM now sees."""
+    stats: Mapping[str, SiteStats],
+    choose_alpha: AlphaChooser,
+) -> tuple[dict[str, Tensor], dict[str, float]]:
+    """Smooth every site in place (exact in real arithmetic). Returns per site m = 1/s (the
+    per-channel factor between the original input and the input its GEMM now sees) and the
+    alpha used."""
     _, layers = _layers(model, layout)
     multipliers: dict[str, Tensor] = {}
+    alphas: dict[str, float] = {}
     # attn_out first: folding into V changes the QKV weight that QKV's smoothing reads.
     for site in sorted(sites, key=lambda s: s.kind != "attn_out"):
         linear = model.get_submodule(site.name)
+        alphas[site.name] = alpha = choose_alpha(site, linear)
         s = smoothing_factors(
-            stats[site.name].absmax, weight_channel_absmax(linear.weight), _alpha_for(alpha, site)
+            stats[site.name].range.absmax, weight_channel_absmax(linear.weight), alpha
         )
         multipliers[site.name] = 1.0 / s
         if site.kind == "attn_out":
+            # context = softmax(QKᵀ)·V is linear in V's channels: scaling V's output rows
+            # scales the context's channels, at no run-time cost.
             qkv = layers[site.layer].get_submodule(layout.attention).qkv
             v_rows = slice(2 * linear.in_features, 3 * linear.in_features)
             qkv.weight[v_rows] /= s[:, None]
@@ -116,7 +140,7 @@ def _apply_smoothing(
             linear.weight.mul_(s[None, :])
         else:
             model.set_submodule(site.name, SmoothedLinear.from_linear(linear, s))
-    return multipliers
+    return multipliers, alphas
 
 
 def _observe(
@@ -171,8 +195,8 @@ def smooth(
     """The float model with Q/K/V fused and SmoothQuant applied: same outputs as the input
     model (up to float rounding), activation outliers moved into the weights."""
     model, layout, sites, batches = _prepare(model, calibration, exclude, inplace)
-    stats = _observe(model, [s.name for s in sites], ChannelRange, batches, "smoothing", progress)
-    _apply_smoothing(model, layout, sites, stats, alpha)
+    stats = _observe(model, [s.name for s in sites], SiteStats, batches, "smoothing", progress)
+    _apply_smoothing(model, layout, sites, stats, fixed_alpha(alpha))
     return model.eval()
 
 
@@ -195,13 +219,18 @@ def quantize(
         raise SquantError("this PyTorch build has no oneDNN (mkldnn): squant needs an x86-64 CPU")
     model, layout, sites, batches = _prepare(model, calibration, config.exclude, inplace)
     names = [s.name for s in sites]
-    stats = _observe(model, names, ChannelRange, batches, "calibrating", progress)
-    multipliers = _apply_smoothing(model, layout, sites, stats, config.alpha)
+    auto = config.alpha == "auto"
+    sample = config.search_tokens if auto else 0
+    stats = _observe(model, names, lambda: SiteStats(sample), batches, "calibrating", progress)
+    chooser = searched_alpha(stats, config.mode) if auto else fixed_alpha(config.alpha)
+    multipliers, alphas = _apply_smoothing(model, layout, sites, stats, chooser)
+    for st in stats.values():
+        st.sample = None  # free the token samples before the next pass
 
     ranges: dict[str, tuple[float, float]] = {}
     if config.mode == "static":
         if config.act_range == "minmax":
-            ranges = {n: stats[n].range_after(multipliers[n]) for n in names}
+            ranges = {n: stats[n].range.range_after(multipliers[n]) for n in names}
         else:
             hists = _observe(model, names, Histogram, batches, "activation ranges", progress)
             ranges = {n: hists[n].percentile_range(config.percentile) for n in names}
@@ -218,7 +247,7 @@ def quantize(
             "out_features": q.out_features,
             "bias": q.bias is not None,
             "mode": q.mode,
-            "alpha": _alpha_for(config.alpha, site),
+            "alpha": alphas[site.name],
         }
     model.squant_info = {"config": config.to_dict(), "modules": modules}
     return model.eval()

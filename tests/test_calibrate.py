@@ -1,7 +1,13 @@
 import pytest
 import torch
 
-from squant.calibrate import ChannelRange, Histogram, InputObservers, prepare_batches
+from squant.calibrate import (
+    ChannelRange,
+    Histogram,
+    InputObservers,
+    TokenSample,
+    prepare_batches,
+)
 from squant.errors import SquantError
 from tests.helpers import tiny_model
 
@@ -82,3 +88,12 @@ def test_roberta_positions_account_for_the_padding_offset():
     prepare_batches([torch.randint(3, 50, (1, 64))], model)
     with pytest.raises(SquantError, match="64 positions"):
         prepare_batches([torch.randint(3, 50, (1, 65))], model)
+
+
+def test_token_sample_is_bounded_and_drawn_from_every_batch():
+    sample = TokenSample(max_tokens=100, seed=0)
+    for i in range(10):  # batch i holds rows whose value is i
+        sample.update(torch.full((50, 3), float(i)))
+    assert sample.rows.shape == (100, 3)
+    counts = torch.bincount(sample.rows[:, 0].long(), minlength=10)
+    assert int(counts.min()) >= 3  # uniform over all 500 rows: ~10 from each batch

@@ -2,7 +2,13 @@ import pytest
 import torch
 
 from squant.qlinear import SmoothedLinear
-from squant.smooth import S_MAX, smoothing_factors, weight_channel_absmax
+from squant.smooth import (
+    S_MAX,
+    int8_output_error,
+    search_alpha,
+    smoothing_factors,
+    weight_channel_absmax,
+)
 
 
 def test_smoothing_factors_match_the_formula():
@@ -50,3 +56,25 @@ def test_smoothed_linear_is_exact():
     # the GEMM now sees a flatter input: the largest channel ratio shrinks
     seen = (x * smoothed.input_multiplier).abs().amax(0)
     assert seen.max() / seen.min() < x.abs().amax(0).max() / x.abs().amax(0).min()
+
+
+def test_alpha_search_moves_away_from_zero_when_inputs_have_outlier_channels():
+    torch.manual_seed(0)
+    x = torch.randn(256, 64)
+    x[:, [3, 17]] *= 60.0  # outlier channels, as in trained BERTs
+    w = torch.randn(32, 64) * 0.05
+    for mode in ("static", "dynamic"):
+        best, errors = search_alpha(x, w, x.amin(0), x.amax(0), mode)
+        assert best > 0.2
+        assert errors[best] < 0.5 * errors[0.0]  # much better than plain W8A8
+    # without outliers there is little to gain, and the search does not make things worse
+    x = torch.randn(256, 64)
+    best, errors = search_alpha(x, w, x.amin(0), x.amax(0), "static")
+    assert errors[best] <= errors[0.0]
+
+
+def test_int8_output_error_is_zero_for_exactly_representable_operands():
+    x = torch.tensor([[1.0, -1.0], [0.5, 0.0]])  # each row: 127 steps of its own scale
+    w = torch.tensor([[127.0, 0.0], [-127.0, 127.0]]) / 127
+    s = torch.ones(2)
+    assert int8_output_error(x, w, s, "dynamic") < 1e-10
