@@ -184,8 +184,7 @@ def test_auto_alpha_is_searched_per_linear_and_recorded(mode):
     assert len(alphas) == 8
     assert all(0.0 <= a <= 1.0 for a in alphas)
     assert max(alphas) > 0.0  # outlier channels: the search smooths somewhere
-    fixed = squant.quantize(
-        model, squant.SmoothQuantConfig(mode=mode), token_batches(), progress=False
-    )
-    # a per-layer choice is at least about as good as the fixed default on this model
-    assert sqnr_db(ref, last_hidden(q, test)) > sqnr_db(ref, last_hidden(fixed, test)) - 1.0
+    plain = squant.SmoothQuantConfig(mode=mode, alpha=0.0)
+    w8a8 = squant.quantize(model, plain, token_batches(), progress=False)
+    # with outlier channels the searched smoothing clearly beats plain W8A8 end to end
+    assert sqnr_db(ref, last_hidden(q, test)) > sqnr_db(ref, last_hidden(w8a8, test)) + 3.0
