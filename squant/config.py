@@ -34,7 +34,7 @@ class SmoothQuantConfig:
     """
 
     mode: Mode = "static"
-    alpha: float | Literal["auto"] = 0.5
+    alpha: float | Literal["auto"] = "auto"
     act_range: ActRange = "minmax"
     percentile: float = 99.99
     exclude: tuple[str, ...] = ()

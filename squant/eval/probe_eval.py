@@ -66,7 +66,7 @@ def evaluate_probe(
     test: str | Path,
     train: str | Path,
     variants: tuple[str, ...] | str = ("fp32", "static", "dynamic"),
-    alpha: float = 0.5,
+    alpha: float | str = "auto",
     limit: int | None = None,
     settings: ProbeSettings | None = None,
     cache_dir: Path | None = None,

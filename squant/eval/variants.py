@@ -20,7 +20,7 @@ class VariantContext:
     """What building a variant may need besides the FP32 model."""
 
     calibration: list[dict[str, Any]]
-    alpha: float = 0.5
+    alpha: float | str = "auto"
     progress: bool = True
 
 
