@@ -86,3 +86,65 @@ class FusedSelfAttention(nn.Module):
         if self.out_name is not None:
             out = getattr(self, self.out_name)(out)
         return out, weights
+
+
+# ---------------------------------------------------------------------------------------------
+# "squant" attention: plain matmul-softmax-matmul, for short sequences on CPUs.
+#
+# At encoder lengths (<= 512 tokens) two batched BF16 GEMMs plus one fused softmax beat the
+# CPU flash-attention kernel, and a key-padding bias of shape [B, 1, 1, S] (instead of the
+# [B, 1, S, S] mask transformers builds) keeps the softmax kernel cheap. Registered with
+# transformers under the name "squant"; squant.compile picks it where it measures faster.
+SQUANT_ATTENTION = "squant"
+
+
+def key_padding_bias(
+    batch_size: int,
+    q_length: int,
+    kv_length: int,
+    attention_mask: Tensor | None = None,
+    dtype: torch.dtype = torch.float32,
+    **_kwargs: Any,
+) -> Tensor | None:
+    """Additive bias [B, 1, 1, kv] (0 keep, dtype-min drop) from a 2D padding mask; exact for
+    bidirectional encoders, where every query row sees the same keys."""
+    if attention_mask is None:
+        return None
+    if attention_mask.dim() != 2:
+        raise SquantError("squant attention expects a 2D [batch, seq] attention mask")
+    keep = attention_mask[:, -kv_length:].bool()[:, None, None, :]
+    return torch.zeros((), dtype=dtype).masked_fill(~keep, torch.finfo(dtype).min)
+
+
+def squant_attention(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **_kwargs: Any,
+) -> tuple[Tensor, None]:
+    """softmax(q kᵀ · scale + bias) v with the softmax in float32; q, k, v: [B, H, S, D].
+    Returns [B, S, H, D] like transformers' attention functions."""
+    scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+    scores = torch.matmul(query, key.transpose(-1, -2)).float() * scale
+    if attention_mask is not None:
+        if attention_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attention_mask, torch.finfo(torch.float32).min)
+        else:
+            scores = scores + attention_mask.float()
+    probs = torch.softmax(scores, dim=-1).to(value.dtype)
+    if dropout > 0.0:
+        probs = nn.functional.dropout(probs, p=dropout, training=module.training)
+    return torch.matmul(probs, value).transpose(1, 2).contiguous(), None
+
+
+def register_squant_attention() -> None:
+    """Make `config._attn_implementation = "squant"` valid (idempotent)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    AttentionInterface.register(SQUANT_ATTENTION, squant_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(SQUANT_ATTENTION, key_padding_bias)

@@ -2,8 +2,9 @@
 
 - TorchInductor with freezing: weights become constants, the oneDNN-packed int8 weights are
   used as they are, and each activation-quantize step fuses into the kernel that produces its
-  input (LayerNorm, GELU, ...). Inductor settings go in torch.compile(options=...), applied
-  only while this model compiles: nothing global changes.
+  input (LayerNorm, GELU, ...). Inductor settings are patched around each call of the compiled
+  model (dynamo reads `freezing` while tracing, which happens lazily at a call, and again for
+  each new input shape), and restored after it: nothing global changes.
 - The parts that stay floating point (embeddings, LayerNorm, attention, softmax) run in BF16
   where the CPU has native BF16 math (AVX512-BF16 or AMX); int8 GEMMs are unaffected.
 - The compiled model is checked against the eager model it came from on example inputs, and
@@ -108,7 +109,8 @@ class CompiledEncoder(nn.Module):
 
     @torch.no_grad()
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return _to_float32(self._compiled(*args, **kwargs))
+        with torch._inductor.config.patch(self.compile_config.inductor_options()):
+            return _to_float32(self._compiled(*args, **kwargs))
 
     def describe(self) -> dict[str, Any]:
         return {**asdict(self.compile_config), "resolved_float_dtype": str(self.float_dtype)}
