@@ -2,9 +2,19 @@
 
 __version__ = "0.1.0"
 
+from .compiler import CompileConfig, compile
 from .config import SmoothQuantConfig
 from .errors import SquantError
 from .quantize import quantize, smooth
 from .serialization import load, save
 
-__all__ = ["SmoothQuantConfig", "SquantError", "load", "quantize", "save", "smooth"]
+__all__ = [
+    "CompileConfig",
+    "SmoothQuantConfig",
+    "SquantError",
+    "compile",
+    "load",
+    "quantize",
+    "save",
+    "smooth",
+]

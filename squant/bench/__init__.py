@@ -1,0 +1,1 @@
+"""Benchmarking: timing, built-in model configs, variants, multi-instance runs, roofline."""

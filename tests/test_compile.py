@@ -1,0 +1,123 @@
+"""Golden tests of squant.compile: which kernels run, what is fused, and numerics vs eager."""
+
+import re
+
+import pytest
+import torch
+from torch._inductor.utils import run_and_get_code
+
+import squant
+from squant.compiler import CompileConfig
+from tests.helpers import cosine, last_hidden, tiny_model, token_batches
+
+LAYERS = 2
+
+
+def _compiled_code(model, inputs, config):
+    compiled = squant.compile(model, config)
+    out, code = run_and_get_code(lambda: compiled(**inputs))
+    return compiled, out, "\n".join(code)
+
+
+@pytest.fixture(scope="module")
+def bert_static():
+    model = tiny_model("bert", outliers=True)
+    q = squant.quantize(
+        model, squant.SmoothQuantConfig(mode="static"), token_batches(), progress=False
+    )
+    return model, q
+
+
+@pytest.mark.parametrize("float_dtype", ["fp32", "bf16"])
+def test_static_graph_runs_only_int8_gemms_with_fused_quantize(bert_static, float_dtype):
+    torch._dynamo.reset()
+    _, q = bert_static
+    inputs = token_batches(n=1, seed=4)[0]
+    _, _, code = _compiled_code(q, inputs, CompileConfig(float_dtype=float_dtype))
+    calls = re.findall(r"torch\.ops\.onednn\.qlinear_pointwise\.\w+\(", code)
+    assert len(calls) == 4 * LAYERS  # fused QKV, attn out, FFN in, FFN out per layer
+    # no float GEMM for any quantized linear: the only float linear left is the pooler (one
+    # row per sequence, kept in float on purpose), which inductor may also inline
+    float_gemms = re.findall(r"(extern_kernels\.(?:mm|addmm)|mkldnn\._linear_pointwise)\(", code)
+    assert len(float_gemms) <= 1
+    # dequant scale and bias run inside the int8 GEMM: every call gets a bias tensor
+    assert "'none', [None]" in code
+    # the activation-quantize step is fused into the kernel that produces its input:
+    # LayerNorm (+ residual add) -> quantize, and GELU -> quantize; no stand-alone quantize
+    kernels = set(re.findall(r"cpp_fused_\w+", code))
+    ln_quant = {k for k in kernels if "layer_norm" in k and "round" in k}
+    gelu_quant = {k for k in kernels if "gelu" in k and "round" in k}
+    assert ln_quant
+    assert len(gelu_quant) >= 1
+    standalone_quant = {
+        k
+        for k in kernels
+        if "round" in k and not re.search("layer_norm|gelu|transpose|clone|view", k)
+    }
+    assert not standalone_quant
+
+
+def test_no_graph_breaks(bert_static):
+    torch._dynamo.reset()
+    _, q = bert_static
+    inputs = token_batches(n=1, seed=4)[0]
+    with torch._inductor.config.patch(freezing=True), torch.no_grad():
+        explanation = torch._dynamo.explain(q)(**inputs)
+    assert explanation.graph_break_count == 0
+    assert explanation.graph_count == 1
+
+
+@pytest.mark.parametrize(("float_dtype", "min_cos"), [("fp32", 0.9999), ("bf16", 0.999)])
+@pytest.mark.parametrize("mode", ["static", "dynamic"])
+def test_compiled_matches_eager(mode, float_dtype, min_cos):
+    torch._dynamo.reset()
+    model = tiny_model("distilbert", "sequence-classification", outliers=True)
+    q = squant.quantize(model, squant.SmoothQuantConfig(mode=mode), token_batches(), progress=False)
+    inputs = token_batches(n=1, seed=6)[0]
+    compiled = squant.compile(q, CompileConfig(float_dtype=float_dtype), inputs)
+    with torch.no_grad():
+        ref, out = q(**inputs).logits, compiled(**inputs).logits
+    assert out.dtype == torch.float32  # outputs come back as float32 whatever runs inside
+    assert cosine(ref, out) > min_cos
+    assert compiled.check_cosine > min_cos
+    hidden = last_hidden(compiled.model, inputs)  # the compiled-from module still runs eagerly
+    assert hidden.shape[-1] == 64
+
+
+def test_compile_does_not_touch_inputs_or_the_source_model(bert_static):
+    torch._dynamo.reset()
+    _, q = bert_static
+    inputs = token_batches(n=1, seed=8)[0]
+    kept = {k: v.clone() for k, v in inputs.items()}
+    before = {k: v.clone() for k, v in q.state_dict().items()}
+    compiled = squant.compile(q, CompileConfig(float_dtype="bf16"), inputs)
+    first = compiled(**inputs).last_hidden_state
+    second = compiled(**inputs).last_hidden_state
+    assert all(torch.equal(inputs[k], kept[k]) for k in kept)
+    torch.testing.assert_close(first, second, rtol=0, atol=0)
+    assert all(torch.equal(before[k], v) for k, v in q.state_dict().items())
+    assert next(q.parameters()).dtype == torch.float32
+
+
+def test_compile_refuses_a_model_that_disagrees_with_eager(bert_static):
+    torch._dynamo.reset()
+    _, q = bert_static
+    inputs = token_batches(n=1, seed=8)[0]
+    # bf16 float parts cannot reproduce the float32 eager output bit for bit
+    with pytest.raises(squant.SquantError, match="disagrees"):
+        squant.compile(q, CompileConfig(float_dtype="bf16", min_cosine=1.0), inputs)
+
+
+def test_compile_leaves_global_inductor_config_alone(bert_static):
+    torch._dynamo.reset()
+    _, q = bert_static
+    before = torch._inductor.config.freezing
+    squant.compile(q, CompileConfig(), token_batches(n=1)[0])
+    assert torch._inductor.config.freezing == before
+
+
+def test_compile_config_validation():
+    with pytest.raises(squant.SquantError, match="float_dtype"):
+        CompileConfig(float_dtype="fp16")
+    with pytest.raises(squant.SquantError, match="min_cosine"):
+        CompileConfig(min_cosine=0.0)
