@@ -57,6 +57,26 @@ def pack_weight(w_q: Tensor) -> Tensor:
     return torch.ops.onednn.qlinear_prepack(w_q, None)
 
 
+# activation name -> (oneDNN post-op, algorithm) applied in the GEMM epilogue
+POST_OPS: dict[str, tuple[str, str]] = {
+    "none": ("none", ""),
+    "gelu": ("gelu", "none"),
+    "gelu_tanh": ("gelu", "tanh"),
+    "relu": ("relu", ""),
+}
+
+
+def apply_activation(y: Tensor, activation: str) -> Tensor:
+    """The same activations as POST_OPS, in plain PyTorch (for paths that cannot fuse them)."""
+    if activation == "gelu":
+        return torch.nn.functional.gelu(y)
+    if activation == "gelu_tanh":
+        return torch.nn.functional.gelu(y, approximate="tanh")
+    if activation == "relu":
+        return torch.relu(y)
+    return y
+
+
 def int8_linear(
     x_q: Tensor,
     x_scale: float,
@@ -66,9 +86,11 @@ def int8_linear(
     w_zero_point: Tensor,
     bias: Tensor | None,
     out_dtype: torch.dtype,
+    activation: str = "none",
 ) -> Tensor:
-    """u8 [T, in] x s8 packed [out, in] -> out_dtype [T, out], with dequant scale and bias
-    applied inside the GEMM: y = x_scale * w_scale[o] * Σ (x_q - zp) w_q + bias[o]."""
+    """u8 [T, in] x s8 packed [out, in] -> out_dtype [T, out], with dequant scale, bias and
+    the activation applied inside the GEMM: y = act(x_scale·w_scale[o]·Σ(x_q - zp)·w_q + b[o])."""
+    post_op, algorithm = POST_OPS[activation]
     return torch.ops.onednn.qlinear_pointwise(
         x_q,
         x_scale,
@@ -80,9 +102,9 @@ def int8_linear(
         1.0,
         0,
         out_dtype,
-        "none",
+        post_op,
         [],
-        "",
+        algorithm,
     )
 
 

@@ -28,6 +28,7 @@ class EncoderLayout:
     attn_out: str  # the attention output projection
     ffn_in: str  # hidden -> intermediate (followed by the activation)
     ffn_out: str  # intermediate -> hidden
+    ffn_act: str  # the activation module between ffn_in and ffn_out
     num_heads: str  # config attribute holding the head count
     position_offset: int = 0  # positions reserved before the first token (RoBERTa: pad + 1)
 
@@ -41,6 +42,7 @@ BERT_LAYOUT = EncoderLayout(
     attn_out="attention.output.dense",
     ffn_in="intermediate.dense",
     ffn_out="output.dense",
+    ffn_act="intermediate.intermediate_act_fn",
     num_heads="num_attention_heads",
 )
 
@@ -56,6 +58,7 @@ DISTILBERT_LAYOUT = EncoderLayout(
     attn_out="attention.out_lin",
     ffn_in="ffn.lin1",
     ffn_out="ffn.lin2",
+    ffn_act="ffn.activation",
     num_heads="n_heads",
 )
 
@@ -132,3 +135,19 @@ def max_positions(model: nn.Module) -> int:
     """The longest token sequence the model's position embeddings accept."""
     layout = layout_for(model)
     return int(model.config.max_position_embeddings) - layout.position_offset
+
+
+# Activation modules the int8 GEMM can apply in its epilogue (static mode), by class name.
+FUSABLE_ACTIVATIONS: dict[str, str] = {
+    "GELUActivation": "gelu",  # erf GELU (also its pure-python variant)
+    "NewGELUActivation": "gelu_tanh",
+    "GELUTanh": "gelu_tanh",
+    "ReLU": "relu",
+}
+
+
+def fusable_activation(module: nn.Module) -> str | None:
+    """The name of the activation an int8 GEMM can fuse for this module, or None."""
+    if type(module).__name__ == "GELU":  # torch.nn.GELU
+        return "gelu_tanh" if module.approximate == "tanh" else "gelu"
+    return FUSABLE_ACTIVATIONS.get(type(module).__name__)

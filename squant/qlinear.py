@@ -49,13 +49,22 @@ class SmoothedLinear(nn.Linear):
 
 
 class QuantLinear(nn.Module):
-    def __init__(self, in_features: int, out_features: int, bias: bool, mode: str) -> None:
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool, mode: str, activation: str = "none"
+    ) -> None:
         super().__init__()
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if activation not in int8.POST_OPS:
+            raise ValueError(
+                f"activation must be one of {tuple(int8.POST_OPS)}, got {activation!r}"
+            )
         self.in_features = in_features
         self.out_features = out_features
         self.mode = mode
+        # applied to the output: inside the GEMM (static), or right after it (dynamic, where the
+        # per-token scale must come first)
+        self.activation = activation
         self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=torch.int8))
         self.register_buffer("weight_scale", torch.ones(out_features))
         self.register_buffer("bias", torch.zeros(out_features) if bias else None)
@@ -74,10 +83,13 @@ class QuantLinear(nn.Module):
         linear: nn.Linear | SmoothedLinear,
         mode: str,
         input_range: tuple[float, float] | None = None,
+        activation: str = "none",
     ) -> QuantLinear:
         """Quantize a float (optionally smoothed) linear. input_range: static only, the
-        calibrated (lo, hi) of the input *after* the smoothing pre-scale."""
-        q = cls(linear.in_features, linear.out_features, linear.bias is not None, mode)
+        calibrated (lo, hi) of the input *after* the smoothing pre-scale; activation: applied
+        to the output (the module that applied it before must be removed by the caller)."""
+        has_bias = linear.bias is not None
+        q = cls(linear.in_features, linear.out_features, has_bias, mode, activation)
         with torch.no_grad():
             if isinstance(linear, SmoothedLinear):
                 q.input_multiplier.copy_(linear.input_multiplier)
@@ -125,6 +137,7 @@ class QuantLinear(nn.Module):
                 self.weight_zero_point,
                 self.bias,
                 x.dtype,
+                self.activation,
             )
         else:
             x_q, token_scale = int8.quantize_per_token(x2 * self.input_multiplier)
@@ -141,7 +154,7 @@ class QuantLinear(nn.Module):
             y = y * token_scale
             if self.bias is not None:
                 y = y + self.bias
-            y = y.to(x.dtype)
+            y = int8.apply_activation(y, self.activation).to(x.dtype)
         return y.reshape(*shape[:-1], self.out_features)
 
     def dequantized_weight(self) -> Tensor:
@@ -151,6 +164,8 @@ class QuantLinear(nn.Module):
     def extra_repr(self) -> str:
         s = f"in={self.in_features}, out={self.out_features}, bias={self.bias is not None}"
         s += f", mode={self.mode}"
+        if self.activation != "none":
+            s += f", activation={self.activation}"
         if self.mode == "static":
             s += f", x_scale={self._x_scale:.4g}, x_zp={self._x_zero_point}"
         return s

@@ -29,7 +29,7 @@ from .attention import FusedSelfAttention, fuse_qkv_linear
 from .calibrate import Histogram, InputObservers, SiteStats, prepare_batches, run_batches
 from .config import SmoothQuantConfig
 from .errors import SquantError
-from .mappings import EncoderLayout, layout_for
+from .mappings import EncoderLayout, fusable_activation, layout_for
 from .qlinear import QuantLinear, SmoothedLinear
 from .smooth import search_alpha, smoothing_factors, weight_channel_absmax
 
@@ -235,11 +235,21 @@ def quantize(
             hists = _observe(model, names, Histogram, batches, "activation ranges", progress)
             ranges = {n: hists[n].percentile_range(config.percentile) for n in names}
 
+    layers_path, _ = _layers(model, layout)
     modules: dict[str, dict[str, Any]] = {}
     for site in sites:
         float_linear = model.get_submodule(site.name)
-        q = QuantLinear.from_float(float_linear, config.mode, ranges.get(site.name))
+        # The FFN activation moves into the int8 GEMM that feeds it (its epilogue, static).
+        activation, absorbed = "none", None
+        if site.kind == "ffn_in":
+            act_path = f"{layers_path}.{site.layer}.{layout.ffn_act}"
+            fused = fusable_activation(model.get_submodule(act_path))
+            if fused is not None:
+                activation, absorbed = fused, act_path
+        q = QuantLinear.from_float(float_linear, config.mode, ranges.get(site.name), activation)
         model.set_submodule(site.name, q)
+        if absorbed is not None:
+            model.set_submodule(absorbed, nn.Identity())
         modules[site.name] = {
             "kind": site.kind,
             "layer": site.layer,
@@ -248,6 +258,8 @@ def quantize(
             "bias": q.bias is not None,
             "mode": q.mode,
             "alpha": alphas[site.name],
+            "activation": activation,
+            "absorbs": absorbed,
         }
     model.squant_info = {"config": config.to_dict(), "modules": modules}
     return model.eval()

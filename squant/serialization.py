@@ -99,8 +99,11 @@ def load(directory: str | Path) -> nn.Module:
     model = getattr(transformers, cls_name)(config).eval()
     fuse_attention(model, layout_for(model))
     for name, m in modules.items():
-        q = QuantLinear(m["in_features"], m["out_features"], m["bias"], m["mode"])
+        activation = m.get("activation", "none")
+        q = QuantLinear(m["in_features"], m["out_features"], m["bias"], m["mode"], activation)
         model.set_submodule(name, q)
+        if m.get("absorbs"):
+            model.set_submodule(m["absorbs"], nn.Identity())
     try:
         safetensors.torch.load_model(model, str(weights), strict=True)
     except (OSError, RuntimeError, safetensors.SafetensorError) as e:

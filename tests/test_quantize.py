@@ -53,6 +53,10 @@ def test_int8_model_tracks_fp32(arch, head, mode):
     int8_names = {n for n, m in q.named_modules() if isinstance(m, QuantLinear)}
     assert int8_names == set(q.squant_info["modules"])
     assert all(".layer." in n for n in int8_names)
+    # the FFN's GELU moved into the int8 GEMM that feeds it; its old module is an Identity
+    ffn_in = [m for n, m in q.squant_info["modules"].items() if m["kind"] == "ffn_in"]
+    assert [m["activation"] for m in ffn_in] == ["gelu"] * 2
+    assert all(isinstance(q.get_submodule(m["absorbs"]), nn.Identity) for m in ffn_in)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
