@@ -82,6 +82,7 @@ def run_model(name: str, args, variants: list[str]) -> dict:
     rows = {}
     for v in variants:
         print(f"[{name}] {v} ...", file=sys.stderr, flush=True)
+        torch._dynamo.reset()  # each variant compiles afresh (dynamo's cache limit is per code)
         t0 = time.perf_counter()
         try:
             fn = VARIANTS[v](model, calibration, inputs)

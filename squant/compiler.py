@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
@@ -21,6 +22,13 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
+from .attention import (
+    SQUANT_ATTENTION,
+    FusedSelfAttention,
+    key_padding_bias,
+    register_squant_attention,
+)
+from .bench.timing import measure
 from .errors import SquantError
 from .hardware import cpu_features
 from .qlinear import QuantLinear
@@ -30,21 +38,36 @@ FloatDtype = Literal["auto", "bf16", "fp32"]
 
 @dataclass(frozen=True)
 class CompileConfig:
-    """float_dtype: dtype of the non-int8 parts; "auto" = bf16 when the CPU has native BF16.
+    """How squant.compile builds the executable.
+
+    float_dtype: dtype of the non-int8 parts; "auto" = bf16 when the CPU has native BF16.
+    attention: "squant" (matmul-softmax-matmul, see attention.py), "sdpa" (PyTorch's fused
+        kernel), "model" (whatever the model's config says) or "auto": both timed on the
+        example inputs' shapes, the faster is used.
+    gemm: "onednn" (squant's int8 kernels as they are), "autotune" (inductor times its CPP
+        GEMM template against oneDNN per GEMM shape), or "auto": compile both, check each
+        against eager, keep the faster whole model. A candidate whose outputs disagree with
+        eager (cosine < min_cosine) is rejected with a warning: upstream, the CPP template
+        gave wrong results on a VNNI-only CPU while looking faster per GEMM.
     dynamic: compile for varying sequence lengths (False: one specialization per shape).
     min_cosine: the compiled model's outputs must match the eager ones at least this well.
-    max_autotune: let inductor time its CPP GEMM template against oneDNN per shape; off by
-        default (upstream it produced wrong results on a VNNI-only CPU; squant checks).
     """
 
     float_dtype: FloatDtype = "auto"
+    attention: Literal["auto", "squant", "sdpa", "model"] = "auto"
+    gemm: Literal["onednn", "autotune", "auto"] = "onednn"
     dynamic: bool = False
     min_cosine: float = 0.999
-    max_autotune: bool = False
 
     def __post_init__(self) -> None:
-        if self.float_dtype not in ("auto", "bf16", "fp32"):
-            raise SquantError(f"float_dtype must be auto, bf16 or fp32, got {self.float_dtype!r}")
+        choices = {
+            "float_dtype": ("auto", "bf16", "fp32"),
+            "attention": ("auto", "squant", "sdpa", "model"),
+            "gemm": ("onednn", "autotune", "auto"),
+        }
+        for field, allowed in choices.items():
+            if getattr(self, field) not in allowed:
+                raise SquantError(f"{field} must be one of {allowed}, got {getattr(self, field)!r}")
         if not 0.0 < self.min_cosine <= 1.0:
             raise SquantError(f"min_cosine must be in (0, 1], got {self.min_cosine}")
 
@@ -55,11 +78,16 @@ class CompileConfig:
             return torch.bfloat16
         return torch.bfloat16 if cpu_features().native_bf16 else torch.float32
 
-    def inductor_options(self) -> dict[str, Any]:
-        options: dict[str, Any] = {"freezing": True}
-        if self.max_autotune:
-            options.update(max_autotune=True, max_autotune_gemm_backends="CPP,ATEN")
-        return options
+
+# inductor settings of each GEMM candidate; freezing makes weights constants (packed once)
+GEMM_OPTIONS: dict[str, dict[str, Any]] = {
+    "onednn": {"freezing": True},
+    "autotune": {
+        "freezing": True,
+        "max_autotune": True,
+        "max_autotune_gemm_backends": "CPP,ATEN",
+    },
+}
 
 
 def cast_float_parts(model: nn.Module, dtype: torch.dtype) -> nn.Module:
@@ -92,12 +120,18 @@ def _to_float32(out: Any) -> Any:
 class CompiledEncoder(nn.Module):
     """The compiled model; same call signature, float outputs returned as float32."""
 
-    def __init__(self, model: nn.Module, compiled: Any, config: CompileConfig, dtype: torch.dtype):
+    def __init__(
+        self, model: nn.Module, config: CompileConfig, dtype: torch.dtype, gemm: str
+    ) -> None:
         super().__init__()
         self.model = model
-        self._compiled = compiled
         self.compile_config = config
         self.float_dtype = dtype
+        self.gemm = gemm
+        self.options = GEMM_OPTIONS[gemm]
+        self._compiled = torch.compile(model, dynamic=config.dynamic, options=self.options)
+        self.selection: dict[str, Any] = {}
+        self.check_cosine: float | None = None
 
     @property
     def config(self) -> Any:
@@ -109,11 +143,19 @@ class CompiledEncoder(nn.Module):
 
     @torch.no_grad()
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        with torch._inductor.config.patch(self.compile_config.inductor_options()):
+        # dynamo reads inductor's `freezing` while tracing (lazily, at a call): scope it here
+        with torch._inductor.config.patch(self.options):
             return _to_float32(self._compiled(*args, **kwargs))
 
     def describe(self) -> dict[str, Any]:
-        return {**asdict(self.compile_config), "resolved_float_dtype": str(self.float_dtype)}
+        return {
+            **asdict(self.compile_config),
+            "resolved_float_dtype": str(self.float_dtype),
+            "attention_used": self.model.config._attn_implementation,
+            "gemm_used": self.gemm,
+            "selection": self.selection,
+            "check_cosine": self.check_cosine,
+        }
 
 
 def _cosine(a: Tensor, b: Tensor) -> float:
@@ -127,6 +169,34 @@ def _first_tensor(out: Any) -> Tensor:
     return next(v for v in values if isinstance(v, Tensor))
 
 
+def _time_attention(name: str, shape: tuple[int, int, int, int], dtype: torch.dtype) -> float:
+    """Median ms of one compiled attention of the given implementation at [B, H, S, D]."""
+    from transformers import AttentionInterface
+
+    b, h, s, d = shape
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(b, h, s, d, generator=g).to(dtype) for _ in range(3))
+    keep = torch.ones(b, s, dtype=torch.long)
+    if name == "squant":
+        mask = key_padding_bias(b, s, s, keep, dtype=dtype)
+    else:
+        mask = keep.bool()[:, None, None, :].expand(b, 1, s, s)
+    fn = AttentionInterface()[name]
+    module = nn.Module().eval()
+    module.is_causal = False
+    compiled = torch.compile(lambda q, k, v, m: fn(module, q, k, v, m, scaling=d**-0.5)[0])
+    with torch.no_grad():
+        return measure(lambda: compiled(q, k, v, mask), warmup=3, min_seconds=0.5).median_ms
+
+
+def choose_attention(model: nn.Module, inputs: Mapping[str, Tensor], dtype: torch.dtype) -> dict:
+    """Time squant's and PyTorch's attention at this model's shapes; returns ms per candidate."""
+    batch, seq = inputs["input_ids"].shape[:2]
+    heads = next(m for m in model.modules() if isinstance(m, FusedSelfAttention))
+    shape = (batch, heads.num_heads, seq, heads.head_dim)
+    return {name: _time_attention(name, shape, dtype) for name in (SQUANT_ATTENTION, "sdpa")}
+
+
 def compile(  # the public name mirrors torch.compile
     model: nn.Module,
     config: CompileConfig | None = None,
@@ -134,26 +204,64 @@ def compile(  # the public name mirrors torch.compile
 ) -> CompiledEncoder:
     """Compile an encoder (squant-quantized or float) for CPU inference.
 
-    example_inputs: a tokenizer output to compile and check with now (recommended); without
-    it compilation happens on the first call and is not checked.
+    example_inputs: a tokenizer output to compile and check with now (needed by the "auto"
+    choices); without it compilation happens on the first call and is not checked.
     """
     config = config or CompileConfig()
+    if example_inputs is None and config.gemm == "auto":
+        raise SquantError("gemm='auto' measures candidates: pass example_inputs")
     dtype = config.resolved_dtype()
     work = copy.deepcopy(model).eval()
     if dtype != torch.float32:
         cast_float_parts(work, dtype)
-    compiled = torch.compile(work, dynamic=config.dynamic, options=config.inductor_options())
-    result = CompiledEncoder(work, compiled, config, dtype)
-    if example_inputs is not None:
-        inputs = dict(example_inputs)
-        with torch.no_grad():
-            reference = _first_tensor(model(**inputs))
-            got = _first_tensor(result(**inputs))
-        cos = _cosine(reference, got)
+
+    selection: dict[str, Any] = {}
+    attention = config.attention
+    has_fused = any(isinstance(m, FusedSelfAttention) for m in work.modules())
+    if attention == "auto":
+        if example_inputs is not None and has_fused:
+            selection["attention_ms"] = timings = choose_attention(work, example_inputs, dtype)
+            attention = min(timings, key=timings.__getitem__)
+        else:
+            attention = SQUANT_ATTENTION if has_fused else "model"
+    if attention != "model":
+        register_squant_attention()
+        work.config._attn_implementation = attention
+
+    candidates = ["onednn", "autotune"] if config.gemm == "auto" else [config.gemm]
+    if example_inputs is None:
+        return CompiledEncoder(work, config, dtype, candidates[0])
+
+    inputs = dict(example_inputs)
+    with torch.no_grad():
+        reference = _first_tensor(model(**inputs))
+    best: CompiledEncoder | None = None
+    for gemm in candidates:
+        # one module per candidate: dynamo guards frozen weights by identity, so each copy
+        # gets its own compiled code (no global cache reset needed)
+        module = copy.deepcopy(work) if len(candidates) > 1 else work
+        result = CompiledEncoder(module, config, dtype, gemm)
+        cos = _cosine(reference, _first_tensor(result(**inputs)))
+        entry: dict[str, Any] = {"cosine": cos}
         if not cos >= config.min_cosine:
-            raise SquantError(
-                f"the compiled model disagrees with the eager one (cosine {cos:.5f} < "
-                f"{config.min_cosine}); refusing it. Try float_dtype='fp32' or max_autotune=False"
+            entry["status"] = "rejected: disagrees with eager"
+            warnings.warn(
+                f"squant.compile: {gemm} kernels disagree with eager (cosine {cos:.5f} < "
+                f"{config.min_cosine}); not used",
+                stacklevel=2,
             )
-        result.check_cosine = cos
-    return result
+        else:
+            if len(candidates) > 1:
+                entry["ms"] = measure(lambda r=result: r(**inputs), min_seconds=1.0).median_ms
+            entry["status"] = "ok"
+            if best is None or entry.get("ms", 0.0) < selection[f"gemm:{best.gemm}"]["ms"]:
+                best = result
+                best.check_cosine = cos
+        selection[f"gemm:{gemm}"] = entry
+    if best is None:
+        raise SquantError(
+            f"the compiled model disagrees with the eager one ({selection}); refusing it. "
+            "Try float_dtype='fp32'"
+        )
+    best.selection = selection
+    return best

@@ -42,19 +42,18 @@ def test_static_graph_runs_only_int8_gemms_with_fused_quantize(bert_static, floa
     assert len(float_gemms) <= 1
     # dequant scale and bias run inside the int8 GEMM: every call gets a bias tensor
     assert "'none', [None]" in code
-    # the activation-quantize step is fused into the kernel that produces its input:
-    # LayerNorm (+ residual add) -> quantize, and GELU -> quantize; no stand-alone quantize
+    # GELU runs in the FFN-in GEMM's epilogue, nowhere else
+    assert len(re.findall(r"'gelu', \[None\], 'none'\)", code)) == LAYERS
     kernels = set(re.findall(r"cpp_fused_\w+", code))
-    ln_quant = {k for k in kernels if "layer_norm" in k and "round" in k}
-    gelu_quant = {k for k in kernels if "gelu" in k and "round" in k}
-    assert ln_quant
-    assert len(gelu_quant) >= 1
-    standalone_quant = {
-        k
-        for k in kernels
-        if "round" in k and not re.search("layer_norm|gelu|transpose|clone|view", k)
-    }
-    assert not standalone_quant
+    assert not {k for k in kernels if "gelu" in k}
+    # every activation-quantize step is fused into the kernel that produces its input
+    # (LayerNorm + residual add -> quantize, attention context -> quantize) except the FFN-out
+    # input: the GEMM before it ends with GELU, and the per-channel smoothing must follow it
+    assert {k for k in kernels if "layer_norm" in k and "round" in k}
+    quant_only = [
+        k for k in kernels if "round" in k and not re.search("layer_norm|transpose|clone|view", k)
+    ]
+    assert len(quant_only) == LAYERS
 
 
 def test_no_graph_breaks(bert_static):
@@ -121,3 +120,14 @@ def test_compile_config_validation():
         CompileConfig(float_dtype="fp16")
     with pytest.raises(squant.SquantError, match="min_cosine"):
         CompileConfig(min_cosine=0.0)
+
+
+def test_attention_is_chosen_by_measurement(bert_static):
+    torch._dynamo.reset()
+    _, q = bert_static
+    compiled = squant.compile(q, CompileConfig(attention="auto"), token_batches(n=1)[0])
+    info = compiled.describe()
+    assert set(info["selection"]["attention_ms"]) == {"squant", "sdpa"}
+    timings = info["selection"]["attention_ms"]
+    assert info["attention_used"] == min(timings, key=timings.get)
+    assert info["selection"]["gemm:onednn"]["status"] == "ok"
