@@ -171,8 +171,9 @@ def _first_tensor(out: Any) -> Tensor:
 
 def _time_attention(name: str, shape: tuple[int, int, int, int], dtype: torch.dtype) -> float:
     """Median ms of one compiled attention of the given implementation at [B, H, S, D]."""
-    from transformers import AttentionInterface
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+    register_squant_attention()
     b, h, s, d = shape
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(b, h, s, d, generator=g).to(dtype) for _ in range(3))
@@ -181,7 +182,7 @@ def _time_attention(name: str, shape: tuple[int, int, int, int], dtype: torch.dt
         mask = key_padding_bias(b, s, s, keep, dtype=dtype)
     else:
         mask = keep.bool()[:, None, None, :].expand(b, 1, s, s)
-    fn = AttentionInterface()[name]
+    fn = ALL_ATTENTION_FUNCTIONS[name]
     module = nn.Module().eval()
     module.is_causal = False
     compiled = torch.compile(lambda q, k, v, m: fn(module, q, k, v, m, scaling=d**-0.5)[0])
