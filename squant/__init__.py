@@ -5,6 +5,7 @@ __version__ = "0.1.0"
 from .compiler import CompileConfig, compile
 from .config import SmoothQuantConfig
 from .errors import SquantError
+from .export import export, load_exported
 from .quantize import quantize, smooth
 from .serialization import load, save
 
@@ -13,7 +14,9 @@ __all__ = [
     "SmoothQuantConfig",
     "SquantError",
     "compile",
+    "export",
     "load",
+    "load_exported",
     "quantize",
     "save",
     "smooth",

@@ -58,6 +58,7 @@ class CompileConfig:
     gemm: Literal["onednn", "autotune", "auto"] = "onednn"
     dynamic: bool = False
     min_cosine: float = 0.999
+    kernel_profile: bool = False  # name inductor's kernels in profiler traces (hotspots)
 
     def __post_init__(self) -> None:
         choices = {
@@ -128,7 +129,9 @@ class CompiledEncoder(nn.Module):
         self.compile_config = config
         self.float_dtype = dtype
         self.gemm = gemm
-        self.options = GEMM_OPTIONS[gemm]
+        self.options = dict(GEMM_OPTIONS[gemm])
+        if config.kernel_profile:
+            self.options["cpp.enable_kernel_profile"] = True
         self._compiled = torch.compile(model, dynamic=config.dynamic, options=self.options)
         self.selection: dict[str, Any] = {}
         self.check_cosine: float | None = None

@@ -57,6 +57,30 @@ def pack_weight(w_q: Tensor) -> Tensor:
     return torch.ops.onednn.qlinear_prepack(w_q, None)
 
 
+_PREPACK_TRACEABLE = False
+
+
+def make_prepack_traceable() -> None:
+    """Give onednn::qlinear_prepack a fake (shape-only) kernel so torch.export can trace it.
+
+    PyTorch has none: inductor inserts the op itself, after tracing. squant's exported graphs
+    call it on the frozen int8 weight; AOTInductor then folds it into an oneDNN-packed
+    constant, exactly as its own quantization pass does. Registered once, on first export.
+    """
+    global _PREPACK_TRACEABLE
+    if _PREPACK_TRACEABLE or torch._C._dispatch_has_kernel_for_dispatch_key(
+        "onednn::qlinear_prepack", "Meta"
+    ):
+        _PREPACK_TRACEABLE = True
+        return
+
+    @torch.library.register_fake("onednn::qlinear_prepack")
+    def _fake_prepack(weight: Tensor, x_shape: list[int] | None) -> Tensor:
+        return weight.new_empty((weight.shape[1], weight.shape[0]))  # packed shape: [in, out]
+
+    _PREPACK_TRACEABLE = True
+
+
 # activation name -> (oneDNN post-op, algorithm) applied in the GEMM epilogue
 POST_OPS: dict[str, tuple[str, str]] = {
     "none": ("none", ""),

@@ -123,6 +123,13 @@ class QuantLinear(nn.Module):
                 "_static_multiplier", self.input_multiplier / self._x_scale, persistent=False
             )
 
+    def _packed(self) -> Tensor:
+        # torch.export cannot carry the opaque packed buffer: exported graphs pack the frozen
+        # int8 weight in-graph and AOTInductor folds that into a constant at build time.
+        if torch.compiler.is_exporting():
+            return int8.pack_weight(self.weight)
+        return self.packed_weight
+
     def forward(self, x: Tensor) -> Tensor:
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)
@@ -132,7 +139,7 @@ class QuantLinear(nn.Module):
                 x_q,
                 self._x_scale,
                 self._x_zero_point,
-                self.packed_weight,
+                self._packed(),
                 self.weight_scale,
                 self.weight_zero_point,
                 self.bias,
@@ -145,7 +152,7 @@ class QuantLinear(nn.Module):
                 x_q,
                 1.0,
                 int8.SYMMETRIC_ZP,
-                self.packed_weight,
+                self._packed(),
                 self.weight_scale,
                 self.weight_zero_point,
                 None,

@@ -25,6 +25,7 @@ from ..errors import SquantError
 from ..models import load_model, load_tokenizer
 from .nli import NLI_LABELS, Pairs, read_nli_jsonl
 from .probe import LinearProbe, accuracy, embed, mean_cosine, pair_features
+from .task import Task
 from .variants import VariantContext, build_variant, parse_variants
 
 
@@ -61,20 +62,18 @@ def _pair_embeddings(
     return emb[: len(pairs)], emb[len(pairs) :]
 
 
-def evaluate_probe(
+def prepare_probe(
     model_dir: str | Path,
     test: str | Path,
     train: str | Path,
-    variants: tuple[str, ...] | str = ("fp32", "static", "dynamic"),
-    alpha: float | str = "auto",
     limit: int | None = None,
     settings: ProbeSettings | None = None,
     cache_dir: Path | None = None,
     progress: bool = True,
-) -> dict[str, Any]:
-    """Accuracy (percent) and embedding cosine vs FP32 per variant, plus timing."""
+) -> Task:
+    """The probe as a Task: fit once on FP32 features, then score any encoder variant by
+    probe accuracy and mean embedding cosine vs FP32 on the test pairs."""
     s = settings or ProbeSettings()
-    variants = parse_variants(variants)
     model = load_model(model_dir, task="base")
     tok = load_tokenizer(model_dir)
     test_pairs = read_nli_jsonl(test, limit)
@@ -103,40 +102,58 @@ def evaluate_probe(
     y_train = torch.tensor(probe_pairs.labels)
     probe = LinearProbe.fit(feats, y_train, len(NLI_LABELS), l2=s.l2)
     gold = torch.tensor(test_pairs.labels)
+    reference: dict[str, Tensor] = {}
 
-    ctx = VariantContext(calibration=calibration, alpha=alpha, progress=progress)
-    results: dict[str, dict[str, float]] = {}
-    reference: Tensor | None = None
-    ordered = sorted(variants, key=lambda v: v != "fp32")  # FP32 first: the cosine reference
-    if "fp32" not in variants:
-        ordered = ["fp32", *ordered]
-    for name in ordered:
+    def score(variant: Any, label: str) -> dict[str, float]:
         t0 = time.perf_counter()
-        variant = build_variant(name, model, ctx)
-        build_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        u, v = _pair_embeddings(variant, tok, test_pairs, s, f"test ({name})", progress)
+        u, v = _pair_embeddings(variant, tok, test_pairs, s, f"test ({label})", progress)
         seconds = time.perf_counter() - t0
         emb = torch.cat([u, v])
-        if name == "fp32":
-            reference = emb
-        if name not in variants:
-            continue
-        results[name] = {
+        if "fp32" not in reference:  # the FP32 embeddings are the cosine reference
+            ref = (
+                emb
+                if variant is model
+                else torch.cat(_pair_embeddings(model, tok, test_pairs, s, "test (fp32)", progress))
+            )
+            reference["fp32"] = ref
+        return {
             "accuracy": accuracy(probe.predict(pair_features(u, v)), gold),
-            "embedding_cosine": mean_cosine(emb, reference),
+            "embedding_cosine": mean_cosine(emb, reference["fp32"]),
             "sentences_per_second": 2 * len(test_pairs) / seconds,
-            "build_seconds": build_s,
         }
+
+    info = {"probe": {**asdict(s), "train_accuracy": accuracy(probe.predict(feats), y_train)}}
+    return Task(
+        "probe", model, calibration, ("accuracy", "embedding_cosine"), len(test_pairs), score, info
+    )
+
+
+def evaluate_probe(
+    model_dir: str | Path,
+    test: str | Path,
+    train: str | Path,
+    variants: tuple[str, ...] | str = ("fp32", "static", "dynamic"),
+    alpha: float | str = "auto",
+    limit: int | None = None,
+    settings: ProbeSettings | None = None,
+    cache_dir: Path | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Accuracy (percent) and embedding cosine vs FP32 per variant, plus timing."""
+    task = prepare_probe(model_dir, test, train, limit, settings, cache_dir, progress)
+    ctx = VariantContext(calibration=task.calibration, alpha=alpha, progress=progress)
+    results: dict[str, dict[str, float]] = {}
+    for name in parse_variants(variants):
+        t0 = time.perf_counter()
+        variant = build_variant(name, task.model, ctx)
+        build_s = time.perf_counter() - t0
+        results[name] = {**task.score(variant, name), "build_seconds": build_s}
     return {
         "task": "probe",
         "model": str(model_dir),
         "test": str(test),
-        "n_test": len(test_pairs),
+        "n_test": task.n_scored,
         "alpha": alpha,
-        "probe": {
-            **asdict(s),
-            "train_accuracy": accuracy(probe.predict(feats), y_train),
-        },
+        **task.info,
         "results": results,
     }

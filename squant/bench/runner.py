@@ -1,0 +1,135 @@
+"""Multi-instance throughput on one host: N instances x C cores, all sharing ONE model.
+
+Instances are threads of one process calling the same compiled model: the weights exist
+once in memory whatever N is (measured: the process's resident/proportional memory is
+reported for 1 and N instances). Each instance pins itself to its own cores (and so to the
+NUMA node they belong to) and runs its own OpenMP team of C threads: OpenMP keeps the thread
+count per calling thread, and the team it creates inherits the caller's affinity. The int8
+and float kernels release the GIL; what stays under it is the compiled graph's thin wrapper.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import SquantError
+from ..hardware import cpu_features
+from .timing import summarize
+
+
+@dataclass(frozen=True)
+class Placement:
+    instances: int
+    cores_per_instance: int
+    cores: tuple[tuple[int, ...], ...]  # CPU ids of each instance
+
+
+def plan(instances: int | None, cores_per_instance: int | None) -> Placement:
+    """Cores for each instance, filling NUMA nodes in order; defaults follow the paper's
+    launch strategy scaled to this host (C = 4 cores, or fewer on small hosts; N = cores / C)."""
+    cpu = cpu_features()
+    available = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    nodes = [tuple(c for c in node if c in available) for node in cpu.numa_nodes] or [
+        tuple(available)
+    ]
+    total = sum(len(n) for n in nodes)
+    c = cores_per_instance or max(1, min(4, total // 2 if total > 1 else 1))
+    n = instances or max(1, total // c)
+    if c < 1 or n < 1:
+        raise SquantError("instances and cores per instance must be >= 1")
+    if n * c > total:
+        raise SquantError(f"{n} instances x {c} cores need {n * c} cores; this process has {total}")
+    groups: list[tuple[int, ...]] = []
+    for node in nodes:  # an instance never straddles two NUMA nodes
+        for start in range(0, len(node) - c + 1, c):
+            if len(groups) < n:
+                groups.append(node[start : start + c])
+    if len(groups) < n:
+        raise SquantError(f"cannot place {n} instances of {c} cores within NUMA nodes {nodes}")
+    return Placement(n, c, tuple(groups))
+
+
+def memory_kib() -> dict[str, int]:
+    """Resident and proportional set size of this process (Linux), KiB."""
+    out = {}
+    rollup = Path("/proc/self/smaps_rollup")
+    if rollup.is_file():
+        for line in rollup.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in ("Rss", "Pss"):
+                out[key.lower() + "_kib"] = int(value.split()[0])
+    return out
+
+
+def run(
+    fn: Callable[[], Any],
+    placement: Placement,
+    duration_s: float = 10.0,
+    warmup: int = 3,
+    batch: int = 1,
+) -> dict[str, Any]:
+    """Every instance calls fn() in a loop for duration_s (after warm-up, all starting
+    together); returns throughput (sequences/s, all instances), per-instance latency
+    percentiles, the affinity each instance really had, and memory."""
+    barrier = threading.Barrier(placement.instances + 1)
+    samples: list[list[float]] = [[] for _ in range(placement.instances)]
+    affinity: list[list[int]] = [[] for _ in range(placement.instances)]
+    errors: list[BaseException] = []
+    deadline = [0.0]
+
+    def worker(i: int) -> None:
+        try:
+            tid = threading.get_native_id()
+            os.sched_setaffinity(tid, placement.cores[i])
+            torch.set_num_threads(placement.cores_per_instance)
+            affinity[i] = sorted(os.sched_getaffinity(tid))
+            with torch.no_grad():
+                for _ in range(warmup):
+                    fn()
+                barrier.wait()
+                barrier.wait()  # released once the deadline is set
+                while time.perf_counter() < deadline[0]:
+                    t0 = time.perf_counter()
+                    fn()
+                    samples[i].append(time.perf_counter() - t0)
+        except BaseException as e:
+            errors.append(e)
+            barrier.abort()
+
+    threads = [
+        threading.Thread(target=worker, args=(i,), daemon=True) for i in range(placement.instances)
+    ]
+    for t in threads:
+        t.start()
+    try:
+        barrier.wait()  # all warmed up
+        start = time.perf_counter()
+        deadline[0] = start + duration_s
+        barrier.wait()
+    except threading.BrokenBarrierError:
+        pass
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    elapsed = max(time.perf_counter() - start, 1e-9)
+    calls = sum(len(s) for s in samples)
+    return {
+        "instances": placement.instances,
+        "cores_per_instance": placement.cores_per_instance,
+        "cores": [list(c) for c in placement.cores],
+        "affinity_seen": affinity,
+        "duration_s": elapsed,
+        "calls": calls,
+        "sequences_per_s": calls * batch / elapsed,
+        "latency": [summarize(s).to_dict() if s else None for s in samples],
+        "memory": memory_kib(),
+    }

@@ -1,0 +1,65 @@
+"""Argument helpers shared by the subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from ..config import ACT_RANGES, MODES, SmoothQuantConfig
+
+CONFIG_HELP = {
+    "mode": "static: per-tensor activation scales from calibration; dynamic: per-token at run time",
+    "alpha": "SmoothQuant migration strength in [0, 1] (0 = no smoothing), or 'auto' to search "
+    "it per layer",
+    "act_range": "static activation range: calibrated min/max, or a percentile of a histogram",
+    "percentile": "percentile kept by --act-range percentile",
+    "exclude": "module-name pattern to keep in float (repeatable), e.g. '*.layer.5.output.dense'",
+    "search_tokens": "calibration tokens sampled per linear by --alpha auto",
+}
+
+
+def parse_alpha(text: str) -> float | str:
+    if text == "auto":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or 'auto', got {text!r}") from None
+
+
+FIELD_TYPES: dict[str, Callable[[str], Any]] = {
+    "alpha": parse_alpha,
+    "percentile": float,
+    "search_tokens": int,
+}
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per SmoothQuantConfig field, defaults taken from the dataclass."""
+    for field in dataclasses.fields(SmoothQuantConfig):
+        flag = "--" + field.name.replace("_", "-")
+        default = field.default
+        if field.name == "exclude":
+            parser.add_argument(flag, action="append", default=[], help=CONFIG_HELP[field.name])
+            continue
+        choices = {"mode": MODES, "act_range": ACT_RANGES}.get(field.name)
+        kind = FIELD_TYPES.get(field.name, str)
+        parser.add_argument(
+            flag, type=kind, default=default, choices=choices, help=CONFIG_HELP[field.name]
+        )
+
+
+def config_from_args(args: argparse.Namespace) -> SmoothQuantConfig:
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(SmoothQuantConfig)}
+    values["exclude"] = tuple(values["exclude"])
+    return SmoothQuantConfig(**values)
+
+
+def load_any(name: str) -> Any:
+    """A built-in config (random weights) or a local checkpoint."""
+    from ..bench.configs import is_builtin, random_model
+    from ..models import load_model
+
+    return random_model(name) if is_builtin(name) else load_model(name, task="base")

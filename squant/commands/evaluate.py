@@ -1,0 +1,55 @@
+"""`squant eval`: score FP32/BF16/INT8 variants of a checkpoint on a task."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .common import parse_alpha
+
+HELP = "score FP32/BF16/INT8 variants of a checkpoint on a task"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from ..eval.runner import TASKS
+
+    p.add_argument("model", help="local checkpoint directory")
+    p.add_argument("--task", required=True, choices=TASKS)
+    p.add_argument("--data", required=True, help="the examples to score (SQuAD JSON, JSONL, TSV)")
+    p.add_argument(
+        "--variants", default="fp32,static,dynamic", help="comma list: fp32,bf16,static,dynamic"
+    )
+    p.add_argument("--alpha", type=parse_alpha, default="auto")
+    p.add_argument("--limit", type=int, default=None, help="score only the first N examples")
+    p.add_argument("--calib", default=None, help="calibration texts (default: held-apart data)")
+    p.add_argument("--calib-size", type=int, default=128)
+    p.add_argument("--train", default=None, help="probe only: labelled pairs to fit the probe")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--json", default=None, help="write the full record here")
+
+
+def run(args: argparse.Namespace) -> None:
+    import json
+
+    from ..eval.runner import EvalSettings, evaluate, format_results
+    from ..report import format_table
+
+    settings = EvalSettings(batch_size=args.batch_size, calib_size=args.calib_size)
+    record = evaluate(
+        args.model,
+        args.task,
+        args.data,
+        args.variants,
+        args.alpha,
+        args.limit,
+        args.calib,
+        args.train,
+        settings,
+    )
+    headers = ["variant", *record["metrics"], "loss vs fp32"]
+    print(f"{args.task} on {record['n_scored']} examples of {args.data}; alpha={args.alpha}")
+    print(format_table(headers, format_results(record)))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(record, indent=2))
+        print(f"JSON: {args.json}")

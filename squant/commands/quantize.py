@@ -1,0 +1,54 @@
+"""`squant quantize`: SmoothQuant INT8 a checkpoint and save it."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..errors import SquantError
+from .common import add_config_arguments, config_from_args
+
+HELP = "SmoothQuant INT8 a checkpoint and save it"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("checkpoint", help="local Hugging Face checkpoint directory")
+    p.add_argument("--calib", required=True, help="calibration texts (.txt, .tsv or .jsonl)")
+    p.add_argument("--out", required=True, help="output directory for the quantized model")
+    p.add_argument("--task", default="auto", help="head to load (auto = the checkpoint's own)")
+    p.add_argument("--calib-size", type=int, default=256, help="texts used for calibration")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument(
+        "--max-length",
+        type=int,
+        default=None,
+        help="tokens per calibration text (default: 128, or the model's limit if smaller)",
+    )
+    add_config_arguments(p)
+
+
+def run(args: argparse.Namespace) -> None:
+    from .. import data, models
+    from ..mappings import max_positions
+    from ..quantize import quantize
+    from ..serialization import save
+
+    config = config_from_args(args)
+    if args.calib_size < 1:
+        raise SquantError(f"--calib-size must be >= 1, got {args.calib_size}")
+    texts = data.read_texts(args.calib, limit=args.calib_size)
+    model = models.load_model(args.checkpoint, args.task)
+    limit = max_positions(model)
+    max_length = args.max_length or min(128, limit)
+    if max_length > limit:
+        raise SquantError(f"--max-length {max_length} exceeds the model's {limit} positions")
+    tokenizer = models.load_tokenizer(args.checkpoint)
+    batches = data.tokenize(tokenizer, texts, args.batch_size, max_length)
+    qmodel = quantize(model, config, batches, inplace=True)
+    out = save(qmodel, args.out, tokenizer=tokenizer)
+    n = len(qmodel.squant_info["modules"])
+    size = sum(f.stat().st_size for f in Path(out).glob("*.safetensors")) / 2**20
+    print(
+        f"quantized {n} linears of {type(qmodel).__name__} ({config.mode}, alpha={config.alpha}) "
+        f"with {len(texts)} calibration texts -> {out} ({size:.1f} MiB)"
+    )

@@ -1,0 +1,74 @@
+"""`squant tune`: the fastest INT8 configuration within an accuracy-loss budget."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ..errors import SquantError
+
+HELP = "pick mode/alpha (and float fallbacks) to stay within an accuracy-loss budget"
+
+
+def _percent(text: str) -> float:
+    try:
+        return float(text.rstrip("%"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a percentage like 0.5%, got {text!r}") from None
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from ..eval.runner import TASKS
+
+    p.add_argument("model", help="local checkpoint directory")
+    p.add_argument("--task", required=True, choices=TASKS)
+    p.add_argument("--data", required=True)
+    p.add_argument("--train", default=None, help="probe only: labelled pairs to fit the probe")
+    p.add_argument("--calib", default=None)
+    p.add_argument("--limit", type=int, default=None)
+    p.add_argument(
+        "--max-loss", type=_percent, default=0.5, help="relative loss budget, e.g. 0.5%%"
+    )
+    p.add_argument("--max-fallback", type=int, default=12)
+    p.add_argument("--out", required=True, help="directory for the chosen quantized model")
+    p.add_argument(
+        "--json", default=None, help="report of everything tried (default: OUT/tune.json)"
+    )
+
+
+def run(args: argparse.Namespace) -> None:
+    from ..eval.runner import prepare_task
+    from ..models import load_tokenizer
+    from ..report import format_table
+    from ..serialization import save
+    from ..tune import TuneConfig, tune
+
+    if args.limit is not None and args.limit < 1:
+        raise SquantError("--limit must be >= 1")
+    task = prepare_task(args.model, args.task, args.data, args.limit, args.calib, args.train)
+    result = tune(task, TuneConfig(max_loss=args.max_loss, max_fallback=args.max_fallback))
+    report = result["report"]
+    save(result["model"], args.out, tokenizer=load_tokenizer(args.model))
+    path = Path(args.json) if args.json else Path(args.out) / "tune.json"
+    path.write_text(json.dumps(report, indent=2))
+    m = report["metric"]
+    rows = [
+        [
+            t["config"]["mode"],
+            t["config"]["alpha"],
+            len(t["config"]["exclude"]),
+            f"{t[m]:.2f}",
+            f"{t['loss_percent']:+.2f}%",
+            "yes" if t["within_budget"] else "no",
+        ]
+        for t in report["tried"]
+    ]
+    print(f"FP32 {m}: {report['fp32']:.2f}; budget {args.max_loss}% relative loss")
+    print(format_table(["mode", "alpha", "float linears", m, "loss", "within"], rows))
+    verdict = "within budget" if report["within_budget"] else "OVER budget (best found saved)"
+    print(
+        f"chosen: {report['chosen']['mode']}, alpha {report['chosen']['alpha']}, "
+        f"{len(report['chosen']['exclude'])} linear(s) in float -> {args.out} ({verdict}); "
+        f"report {path}"
+    )

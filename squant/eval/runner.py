@@ -1,0 +1,208 @@
+"""`squant eval`: score FP32 / BF16 / INT8 variants of a checkpoint on a task, in one call.
+
+    evaluate("ckpt/", task="squad", data="dev-v1.1.json", variants="fp32,static,dynamic")
+
+Calibration never uses scored examples: it comes from --calib when given, otherwise from a
+held-apart slice at the end of the data file (those examples are then not scored).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ..data import read_texts, tokenize
+from ..errors import SquantError
+from ..models import load_model, load_tokenizer
+from . import classify, squad
+from .metrics import accuracy, relative_loss, squad_scores
+from .probe_eval import ProbeSettings, prepare_probe
+from .task import Task
+from .variants import VariantContext, build_variant, parse_variants
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    batch_size: int = 16
+    max_length: int = 384  # squad window; classification uses min(this, 128)
+    doc_stride: int = 128
+    calib_size: int = 128
+    progress: bool = True
+
+
+def _calibration(tok: Any, texts: list, max_length: int) -> list[dict[str, Any]]:
+    return tokenize(tok, texts, batch_size=8, max_length=max_length)
+
+
+def _split_calibration(n_items: int, calib_size: int, has_calib_file: bool) -> int:
+    """How many items (from the end) are held apart for calibration."""
+    if has_calib_file:
+        return 0
+    if n_items <= calib_size:
+        raise SquantError(
+            f"the data has {n_items} examples: too few to hold {calib_size} apart for calibration; "
+            "pass --calib FILE or lower --calib-size"
+        )
+    return calib_size
+
+
+def _score_variants(
+    model: Any, variants: tuple[str, ...], ctx: VariantContext, score: Callable[[Any, str], dict]
+) -> dict[str, dict[str, float]]:
+    results = {}
+    for name in variants:
+        t0 = time.perf_counter()
+        variant = build_variant(name, model, ctx)
+        built = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        metrics = score(variant, name)
+        results[name] = {
+            **metrics,
+            "build_seconds": built,
+            "eval_seconds": time.perf_counter() - t0,
+        }
+        info = getattr(variant, "squant_info", None)
+        if info:  # the alpha actually used per linear (searched when alpha="auto")
+            alphas = [m["alpha"] for m in info["modules"].values()]
+            results[name]["alpha_min"], results[name]["alpha_max"] = min(alphas), max(alphas)
+    return results
+
+
+def squad_task(model_dir, data, limit, calib, s: EvalSettings) -> Task:
+    model = load_model(model_dir, task="question-answering")
+    tok = load_tokenizer(model_dir)
+    examples, v2 = squad.read_squad(data)
+    held = _split_calibration(len(examples), s.calib_size, calib is not None)
+    scored = examples[: len(examples) - held][:limit] if limit else examples[: len(examples) - held]
+    calib_texts = (
+        read_texts(calib, limit=s.calib_size)
+        if calib
+        else [(ex.question, ex.context) for ex in examples[len(examples) - held :]]
+    )
+    golds = {ex.id: ex.answers for ex in scored}
+
+    def score(variant, label):
+        preds = squad.predict_squad(
+            variant,
+            tok,
+            scored,
+            v2,
+            s.max_length,
+            s.doc_stride,
+            batch_size=s.batch_size,
+            desc=f"squad ({label})",
+            progress=s.progress,
+        )
+        return squad_scores(preds, golds)
+
+    calibration = _calibration(tok, calib_texts, s.max_length)
+    info = {"squad_version": "2.0" if v2 else "1.1"}
+    return Task("squad", model, calibration, ("f1", "exact_match"), len(scored), score, info)
+
+
+def classification_task(model_dir, data, limit, calib, s: EvalSettings, name: str) -> Task:
+    model = load_model(model_dir, task="sequence-classification")
+    tok = load_tokenizer(model_dir)
+    items = classify.read_labelled(data)
+    held = _split_calibration(len(items), s.calib_size, calib is not None)
+    scored = items[: len(items) - held][:limit] if limit else items[: len(items) - held]
+    gold = classify.label_ids(scored, model.config)
+    max_len = min(s.max_length, 128)
+    calib_texts = (
+        read_texts(calib, limit=s.calib_size)
+        if calib
+        else [(it.text, it.pair) if it.pair else it.text for it in items[len(items) - held :]]
+    )
+
+    def score(variant, label):
+        pred = classify.predict_labels(
+            variant,
+            tok,
+            scored,
+            s.batch_size,
+            max_len,
+            desc=f"{name} ({label})",
+            progress=s.progress,
+        )
+        return {"accuracy": accuracy(pred, gold)}
+
+    calibration = _calibration(tok, calib_texts, max_len)
+    return Task(name, model, calibration, ("accuracy",), len(scored), score)
+
+
+TASKS = ("squad", "mnli", "snli", "glue", "probe")
+
+
+def prepare_task(
+    model_dir: str | Path,
+    task: str,
+    data: str | Path,
+    limit: int | None = None,
+    calib: str | Path | None = None,
+    train: str | Path | None = None,
+    settings: EvalSettings | None = None,
+) -> Task:
+    s = settings or EvalSettings()
+    if task not in TASKS:
+        raise SquantError(f"unknown task {task!r}; choose from {', '.join(TASKS)}")
+    if limit is not None and limit < 1:
+        raise SquantError(f"--limit must be >= 1, got {limit}")
+    if task == "squad":
+        return squad_task(model_dir, data, limit, calib, s)
+    if task == "probe":
+        if train is None:
+            raise SquantError(
+                "--task probe needs --train FILE (labelled pairs to fit the probe on)"
+            )
+        return prepare_probe(model_dir, data, train, limit, ProbeSettings(), progress=s.progress)
+    return classification_task(model_dir, data, limit, calib, s, task)
+
+
+def evaluate(
+    model_dir: str | Path,
+    task: str,
+    data: str | Path,
+    variants: str | tuple[str, ...] = ("fp32", "static", "dynamic"),
+    alpha: float | str = "auto",
+    limit: int | None = None,
+    calib: str | Path | None = None,
+    train: str | Path | None = None,
+    settings: EvalSettings | None = None,
+) -> dict[str, Any]:
+    """Metric(s) per variant, percent; with relative loss vs FP32 when FP32 is among them."""
+    s = settings or EvalSettings()
+    names = parse_variants(variants)
+    t = prepare_task(model_dir, task, data, limit, calib, train, s)
+    ctx = VariantContext(t.calibration, alpha, s.progress)
+    results = _score_variants(t.model, names, ctx, t.score)
+    fp32 = results.get("fp32")
+    if fp32 is not None:
+        for r in results.values():
+            r["relative_loss_percent"] = {m: relative_loss(r[m], fp32[m]) for m in t.metrics}
+    return {
+        "task": task,
+        **t.info,
+        "n_scored": t.n_scored,
+        "metrics": list(t.metrics),
+        "results": results,
+        "model": str(model_dir),
+        "data": str(data),
+        "alpha": alpha,
+        "settings": asdict(s),
+    }
+
+
+def format_results(record: dict[str, Any]) -> list[list[Any]]:
+    """Rows shaped like the paper's Table 15: variant, metrics, loss vs FP32."""
+    rows = []
+    for name, r in record["results"].items():
+        row = [name]
+        for m in record["metrics"]:
+            row.append(f"{r[m]:.2f}" if m != "embedding_cosine" else f"{r[m]:.5f}")
+        loss = r.get("relative_loss_percent", {}).get(record["metrics"][0])
+        row.append(f"{loss:+.2f}%" if loss is not None else None)
+        rows.append(row)
+    return rows

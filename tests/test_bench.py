@@ -1,0 +1,99 @@
+"""Multi-instance runner: placement, real pinning, results; `squant bench` JSON fields."""
+
+import json
+import os
+
+import pytest
+import torch
+
+from squant.bench import runner
+from squant.bench.timing import measure, summarize
+from squant.cli import main
+from squant.errors import SquantError
+
+CORES = sorted(os.sched_getaffinity(0))
+
+
+def test_summarize_percentiles():
+    lat = summarize([0.001 * i for i in range(1, 101)])
+    assert lat.n == 100
+    assert lat.median_ms == pytest.approx(50.5)
+    assert lat.p90_ms == pytest.approx(90.1)
+    assert lat.min_ms == pytest.approx(1.0)
+    assert measure(lambda: None, warmup=1, min_iters=5, min_seconds=0.0).n == 5
+
+
+def test_plan_places_instances_on_distinct_cores():
+    p = runner.plan(len(CORES), 1)
+    assert [c for group in p.cores for c in group] == CORES
+    one = runner.plan(1, len(CORES))
+    assert one.cores == (tuple(CORES),)
+    with pytest.raises(SquantError, match="need"):
+        runner.plan(len(CORES) + 1, 1)
+
+
+@pytest.mark.skipif(len(CORES) < 2, reason="needs two cores")
+def test_instances_really_run_pinned_to_their_cores():
+    a = torch.randn(64, 64)
+    result = runner.run(lambda: a @ a, runner.plan(2, 1), duration_s=0.3, warmup=1)
+    assert result["affinity_seen"] == [[CORES[0]], [CORES[1]]]
+    assert result["calls"] > 0
+    assert result["sequences_per_s"] > 0
+    assert all(lat["n"] > 0 for lat in result["latency"])
+    assert "rss_kib" in result["memory"]
+    # the main thread's own affinity is untouched
+    assert sorted(os.sched_getaffinity(0)) == CORES
+
+
+def test_errors_in_an_instance_reach_the_caller():
+    def boom():
+        raise RuntimeError("kernel failed")
+
+    with pytest.raises(RuntimeError, match="kernel failed"):
+        runner.run(boom, runner.plan(1, 1), duration_s=0.1, warmup=1)
+
+
+@pytest.mark.skipif(len(CORES) < 2, reason="needs two cores")
+def test_bench_command_writes_every_field(tiny_checkpoint, tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    code = main(
+        [
+            "bench",
+            str(tiny_checkpoint),
+            "--variants",
+            "fp32,static",
+            "--seq",
+            "16",
+            "--instances",
+            "2",
+            "--cores-per-instance",
+            "1",
+            "--duration",
+            "0.5",
+            "--json",
+            str(out),
+        ]
+    )
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "vs FP32" in printed
+    record = json.loads(out.read_text())
+    for key in (
+        "model",
+        "weights",
+        "batch",
+        "seq",
+        "instances",
+        "cores_per_instance",
+        "results",
+        "versions",
+        "hardware",
+        "memory_one_instance",
+    ):
+        assert key in record
+    for variant in ("fp32", "static"):
+        r = record["results"][variant]
+        assert r["affinity_seen"] == [[CORES[0]], [CORES[1]]]
+        assert r["sequences_per_s"] > 0
+        assert len(r["latency"]) == 2
+        assert {"median_ms", "p90_ms", "p99_ms"} <= set(r["latency"][0])

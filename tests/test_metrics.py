@@ -1,0 +1,51 @@
+import pytest
+
+from squant.eval.metrics import (
+    accuracy,
+    best_over_golds,
+    exact_match,
+    f1,
+    normalize_answer,
+    relative_loss,
+    squad_scores,
+)
+
+
+def test_normalization_drops_case_punctuation_articles_and_extra_space():
+    assert normalize_answer("The  Eiffel-Tower, in Paris!") == "eiffeltower in paris"
+    assert normalize_answer("an apple a day") == "apple day"
+    assert normalize_answer("  ") == ""
+
+
+def test_exact_match_and_f1_edge_cases():
+    assert exact_match("the Cat", "cat") == 1.0
+    assert exact_match("cats", "cat") == 0.0
+    assert f1("red big cat", "the big cat") == pytest.approx(2 * (2 / 3) * 1.0 / (2 / 3 + 1.0))
+    assert f1("dog", "cat") == 0.0
+    # SQuAD v2 no-answer: empty prediction matches empty gold only
+    assert f1("", "") == 1.0
+    assert f1("", "cat") == 0.0
+    assert f1("cat", "") == 0.0
+    assert f1("a the", "an") == 1.0  # both normalize to nothing
+
+
+def test_multiple_gold_answers_take_the_best():
+    golds = ["Denver Broncos", "the Broncos", "Broncos"]
+    assert best_over_golds(exact_match, "broncos", golds) == 1.0
+    assert best_over_golds(f1, "Denver", golds) == pytest.approx(2 / 3)
+
+
+def test_squad_scores_handle_unanswerable_and_missing_predictions():
+    golds = {"a": ["Paris"], "b": [], "c": ["blue sky"]}
+    preds = {"a": "paris", "b": "", "c": "sky"}
+    scores = squad_scores(preds, golds)
+    assert scores["exact_match"] == pytest.approx(200 / 3)
+    assert scores["f1"] == pytest.approx(100 * (1 + 1 + 2 / 3) / 3)
+    assert squad_scores({}, {"x": []})["f1"] == 100.0  # no prediction = no answer
+
+
+def test_accuracy_and_relative_loss():
+    assert accuracy([1, 2, 0, 1], [1, 2, 1, 1]) == 75.0
+    with pytest.raises(ValueError, match="equal"):
+        accuracy([1], [1, 2])
+    assert relative_loss(86.0, 86.5) == pytest.approx(100 * 0.5 / 86.5)
