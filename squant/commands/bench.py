@@ -14,7 +14,11 @@ HELP = "throughput/latency of variants, multi-instance"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="checkpoint directory or built-in config name (random weights)")
-    p.add_argument("--variants", default="fp32,bf16,static,dynamic")
+    p.add_argument(
+        "--variants",
+        default="fp32,bf16,static,dynamic",
+        help="comma list of fp32, bf16, static, dynamic, static-pt2, dynamic-pt2 (AOTInductor)",
+    )
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--seq", type=int, default=256)
     p.add_argument("--instances", type=int, default=None, help="default: cores / C")
@@ -36,7 +40,21 @@ def _bench_variant(name: str, model: Any, inputs: dict, calibration: list) -> An
     if name in ("static", "dynamic"):
         q = quantize(model, SmoothQuantConfig(mode=name), calibration, progress=False)
         return compile(q, CompileConfig(), inputs)
-    raise SquantError(f"unknown variant {name!r}; choose from fp32, bf16, static, dynamic")
+    if name in ("static-pt2", "dynamic-pt2"):  # the AOTInductor package, as deployed
+        import tempfile
+
+        from ..export import export, load_exported
+
+        mode = name.split("-")[0]
+        q = quantize(model, SmoothQuantConfig(mode=mode), calibration, progress=False)
+        directory = tempfile.mkdtemp(prefix="squant-bench-")
+        export(q, directory, inputs)
+        runner = load_exported(directory)
+        return lambda **x: runner(x["input_ids"], x["attention_mask"])
+    raise SquantError(
+        f"unknown variant {name!r}; choose from fp32, bf16, static, dynamic, static-pt2, "
+        "dynamic-pt2"
+    )
 
 
 def run(args: argparse.Namespace) -> None:
