@@ -127,8 +127,11 @@ def _max_positions(model: nn.Module) -> int:
     return max_positions(model)
 
 
-def load_exported(directory: str | Path) -> Any:
-    """The package's runner, after checking this host has the ISA it was built for."""
+def load_exported(directory: str | Path, num_runners: int = 1) -> Any:
+    """The package's runner, after checking this host has the ISA it was built for.
+
+    num_runners: how many calls may run at once (one per serving thread); the runners share
+    one copy of the weights."""
     directory = Path(directory)
     manifest_path = directory / MANIFEST
     if not (directory / PACKAGE).is_file() or not manifest_path.is_file():
@@ -138,7 +141,9 @@ def load_exported(directory: str | Path) -> Any:
     except json.JSONDecodeError as e:
         raise SquantError(f"{manifest_path} is corrupt ({e})") from None
     check_host(manifest)
-    return torch._inductor.aoti_load_package(str(directory / PACKAGE))
+    from torch._inductor.package import load_package
+
+    return load_package(str(directory / PACKAGE), num_runners=num_runners)
 
 
 def check_host(manifest: dict[str, Any]) -> None:

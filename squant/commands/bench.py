@@ -30,7 +30,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--png", default=None, help="throughput bar chart")
 
 
-def _bench_variant(name: str, model: Any, inputs: dict, calibration: list) -> Any:
+def _bench_variant(
+    name: str, model: Any, inputs: dict, calibration: list, instances: int = 1
+) -> Any:
     from ..compiler import CompileConfig, compile
     from ..config import SmoothQuantConfig
     from ..quantize import quantize
@@ -49,7 +51,7 @@ def _bench_variant(name: str, model: Any, inputs: dict, calibration: list) -> An
         q = quantize(model, SmoothQuantConfig(mode=mode), calibration, progress=False)
         directory = tempfile.mkdtemp(prefix="squant-bench-")
         export(q, directory, inputs)
-        runner = load_exported(directory)
+        runner = load_exported(directory, num_runners=instances)
         return lambda **x: runner(x["input_ids"], x["attention_mask"])
     raise SquantError(
         f"unknown variant {name!r}; choose from fp32, bf16, static, dynamic, static-pt2, "
@@ -81,7 +83,7 @@ def run(args: argparse.Namespace) -> None:
     memory_one: dict[str, Any] = {}
     for name in tqdm(variants, desc="variants"):
         torch._dynamo.reset()
-        compiled = _bench_variant(name, model, inputs, calibration)
+        compiled = _bench_variant(name, model, inputs, calibration, placement.instances)
         fn = lambda c=compiled: c(**inputs)  # noqa: E731
         if name == variants[-1] and placement.instances > 1:
             single = runner.Placement(1, placement.cores_per_instance, placement.cores[:1])
