@@ -31,9 +31,11 @@ from .quantize import quantize, smooth
 class TuneConfig:
     """max_loss: allowed relative loss of the primary metric vs FP32, in percent (0.5 = 0.5%).
     alphas: candidates besides "auto"; modes: in the order tried (static is the faster);
-    max_fallback: at most this many linears go back to float."""
+    max_fallback: at most this many linears go back to float; metric: the one the budget
+    applies to (default: the task's first)."""
 
     max_loss: float = 0.5
+    metric: str | None = None
     modes: tuple[str, ...] = ("static", "dynamic")
     alphas: tuple[float | str, ...] = ("auto", 0.5, 0.75)
     max_fallback: int = 12
@@ -94,7 +96,9 @@ def tune(task: Task, config: TuneConfig | None = None, measure_speed: Any = None
 
     measure_speed: optional callable(model) -> ms per forward, for the fallback speed costs."""
     config = config or TuneConfig()
-    metric = task.metrics[0]
+    metric = config.metric or task.metrics[0]
+    if metric not in task.metrics:
+        raise SquantError(f"metric {metric!r} is not one of this task's: {', '.join(task.metrics)}")
     fp32 = task.score(task.model, "fp32")[metric]
     tried: list[dict[str, Any]] = []
 

@@ -31,6 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--max-loss", type=_percent, default=0.5, help="relative loss budget, e.g. 0.5%%"
     )
     p.add_argument("--max-fallback", type=int, default=12)
+    p.add_argument(
+        "--metric", default=None, help="metric the budget applies to (default: the task's first)"
+    )
     p.add_argument("--out", required=True, help="directory for the chosen quantized model")
     p.add_argument(
         "--json", default=None, help="report of everything tried (default: OUT/tune.json)"
@@ -47,7 +50,8 @@ def run(args: argparse.Namespace) -> None:
     if args.limit is not None and args.limit < 1:
         raise SquantError("--limit must be >= 1")
     task = prepare_task(args.model, args.task, args.data, args.limit, args.calib, args.train)
-    result = tune(task, TuneConfig(max_loss=args.max_loss, max_fallback=args.max_fallback))
+    config = TuneConfig(max_loss=args.max_loss, max_fallback=args.max_fallback, metric=args.metric)
+    result = tune(task, config)
     report = result["report"]
     save(result["model"], args.out, tokenizer=load_tokenizer(args.model))
     path = Path(args.json) if args.json else Path(args.out) / "tune.json"
