@@ -105,12 +105,12 @@ def tune(task: Task, config: TuneConfig | None = None, measure_speed: Any = None
     def attempt(qconfig: SmoothQuantConfig, label: str) -> tuple[nn.Module, float]:
         t0 = time.perf_counter()
         q = quantize(task.model, qconfig, task.calibration, progress=False)
-        value = task.score(q, label)[metric]
-        loss = relative_loss(value, fp32)
+        scores = task.score(q, label)  # every metric is kept in the report
+        loss = relative_loss(scores[metric], fp32)
         tried.append(
             {
                 "config": qconfig.to_dict(),
-                metric: value,
+                **scores,
                 "loss_percent": loss,
                 "within_budget": loss <= config.max_loss,
                 "seconds": time.perf_counter() - t0,

@@ -57,19 +57,21 @@ def run(args: argparse.Namespace) -> None:
     path = Path(args.json) if args.json else Path(args.out) / "tune.json"
     path.write_text(json.dumps(report, indent=2))
     m = report["metric"]
+    others = [x for x in task.metrics if x != m]
     rows = [
         [
             t["config"]["mode"],
             t["config"]["alpha"],
             len(t["config"]["exclude"]),
-            f"{t[m]:.2f}",
-            f"{t['loss_percent']:+.2f}%",
+            f"{t[m]:.5f}",
+            *(f"{t[x]:.5f}" for x in others),
+            f"{t['loss_percent']:+.3f}%",
             "yes" if t["within_budget"] else "no",
         ]
         for t in report["tried"]
     ]
-    print(f"FP32 {m}: {report['fp32']:.2f}; budget {args.max_loss}% relative loss")
-    print(format_table(["mode", "alpha", "float linears", m, "loss", "within"], rows))
+    print(f"FP32 {m}: {report['fp32']:.5f}; budget {args.max_loss}% relative loss")
+    print(format_table(["mode", "alpha", "float linears", m, *others, "loss", "within"], rows))
     verdict = "within budget" if report["within_budget"] else "OVER budget (best found saved)"
     print(
         f"chosen: {report['chosen']['mode']}, alpha {report['chosen']['alpha']}, "
