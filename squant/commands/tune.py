@@ -34,10 +34,38 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--metric", default=None, help="metric the budget applies to (default: the task's first)"
     )
+    p.add_argument(
+        "--measure-speed",
+        type=int,
+        default=0,
+        metavar="SEQ",
+        help="also time each fallback step compiled, at batch 1 x SEQ tokens (0 = don't)",
+    )
     p.add_argument("--out", required=True, help="directory for the chosen quantized model")
     p.add_argument(
         "--json", default=None, help="report of everything tried (default: OUT/tune.json)"
     )
+
+
+def _speed_meter(model, seq: int):
+    """ms per compiled forward at batch 1 x seq, or None when not asked for."""
+    if seq <= 0:
+        return None
+    import torch
+
+    from ..bench.configs import random_inputs
+    from ..bench.timing import measure
+    from ..compiler import CompileConfig, compile
+
+    inputs = random_inputs(model, 1, seq)
+
+    def meter(qmodel) -> float:
+        torch._dynamo.reset()
+        # timing only (random tokens): the numerics check is loose on purpose
+        compiled = compile(qmodel, CompileConfig(min_cosine=0.9), inputs)
+        return measure(lambda: compiled(**inputs), min_seconds=1.0).median_ms
+
+    return meter
 
 
 def run(args: argparse.Namespace) -> None:
@@ -51,7 +79,7 @@ def run(args: argparse.Namespace) -> None:
         raise SquantError("--limit must be >= 1")
     task = prepare_task(args.model, args.task, args.data, args.limit, args.calib, args.train)
     config = TuneConfig(max_loss=args.max_loss, max_fallback=args.max_fallback, metric=args.metric)
-    result = tune(task, config)
+    result = tune(task, config, _speed_meter(task.model, args.measure_speed))
     report = result["report"]
     save(result["model"], args.out, tokenizer=load_tokenizer(args.model))
     path = Path(args.json) if args.json else Path(args.out) / "tune.json"
@@ -72,6 +100,14 @@ def run(args: argparse.Namespace) -> None:
     ]
     print(f"FP32 {m}: {report['fp32']:.5f}; budget {args.max_loss}% relative loss")
     print(format_table(["mode", "alpha", "float linears", m, *others, "loss", "within"], rows))
+    for f in report["fallbacks"]:
+        speed = (
+            f" {f['ms']:.1f} ms ({f['slowdown_vs_full_int8']:.2f}x full INT8)" if "ms" in f else ""
+        )
+        print(
+            f"fell back {f['fell_back']} (sensitivity {f['sensitivity']:.4f}): "
+            f"loss {f['loss_percent']:+.3f}%{speed}"
+        )
     verdict = "within budget" if report["within_budget"] else "OVER budget (best found saved)"
     print(
         f"chosen: {report['chosen']['mode']}, alpha {report['chosen']['alpha']}, "
