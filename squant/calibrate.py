@@ -16,9 +16,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from .errors import SquantError
-from .mappings import max_positions
-
-MODEL_INPUT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
+from .mappings import max_positions, model_inputs
 
 
 class Observer(Protocol):
@@ -215,9 +213,7 @@ def prepare_batches(calibration: Iterable[Any] | None, model: nn.Module) -> list
                 f"calibration batch {i} must be a tokenizer output (with input_ids) or a tensor "
                 f"of token ids, got {type(batch).__name__}"
             )
-        inputs = {k: torch.as_tensor(batch[k]) for k in MODEL_INPUT_KEYS if k in batch}
-        if "token_type_ids" in inputs and model.config.model_type == "distilbert":
-            del inputs["token_type_ids"]  # DistilBERT has no segment embeddings
+        inputs = {k: torch.as_tensor(v) for k, v in model_inputs(model, batch).items()}
         ids = inputs["input_ids"]
         if ids.dim() == 1:
             inputs = {k: v.unsqueeze(0) for k, v in inputs.items()}

@@ -11,7 +11,9 @@ An architecture missing here is refused with an error that lists these, never ma
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from torch import nn
 
@@ -31,6 +33,7 @@ class EncoderLayout:
     ffn_act: str  # the activation module between ffn_in and ffn_out
     num_heads: str  # config attribute holding the head count
     position_offset: int = 0  # positions reserved before the first token (RoBERTa: pad + 1)
+    token_types: bool = True  # takes token_type_ids (DistilBERT has no segment embeddings)
 
 
 BERT_LAYOUT = EncoderLayout(
@@ -60,6 +63,7 @@ DISTILBERT_LAYOUT = EncoderLayout(
     ffn_out="ffn.lin2",
     ffn_act="ffn.activation",
     num_heads="n_heads",
+    token_types=False,
 )
 
 # config.model_type -> layout. MiniLM checkpoints are BertModel (model_type "bert").
@@ -129,6 +133,15 @@ def layout_for(model: nn.Module) -> EncoderLayout:
             "quantizes bidirectional encoders only"
         )
     return LAYOUTS[model_type]
+
+
+MODEL_INPUT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def model_inputs(model: nn.Module, encoding: Mapping[str, Any]) -> dict[str, Any]:
+    """The entries of a tokenizer output this model's forward takes (by keyword)."""
+    keys = MODEL_INPUT_KEYS if layout_for(model).token_types else MODEL_INPUT_KEYS[:2]
+    return {k: encoding[k] for k in keys if k in encoding}
 
 
 def max_positions(model: nn.Module) -> int:

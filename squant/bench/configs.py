@@ -14,6 +14,21 @@ from torch import Tensor, nn
 
 from ..errors import SquantError
 
+XLMR_BASE: dict[str, Any] = {
+    "model_type": "xlm-roberta",
+    "vocab_size": 250002,
+    "hidden_size": 768,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "intermediate_size": 3072,
+    "max_position_embeddings": 514,
+    "type_vocab_size": 1,
+    "layer_norm_eps": 1e-5,
+    "pad_token_id": 1,
+    "bos_token_id": 0,
+    "eos_token_id": 2,
+}
+
 BUILTIN_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "bert-base-uncased": (
         "BertModel",
@@ -57,39 +72,11 @@ BUILTIN_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
             "activation": "gelu",
         },
     ),
-    "xlm-roberta-base": (
-        "XLMRobertaModel",
-        {
-            "model_type": "xlm-roberta",
-            "vocab_size": 250002,
-            "hidden_size": 768,
-            "num_hidden_layers": 12,
-            "num_attention_heads": 12,
-            "intermediate_size": 3072,
-            "max_position_embeddings": 514,
-            "type_vocab_size": 1,
-            "layer_norm_eps": 1e-5,
-            "pad_token_id": 1,
-            "bos_token_id": 0,
-            "eos_token_id": 2,
-        },
-    ),
+    "xlm-roberta-base": ("XLMRobertaModel", XLMR_BASE),
+    # RoBERTa-base: XLM-R-base's architecture with a 50k vocabulary
     "roberta-base": (
         "RobertaModel",
-        {
-            "model_type": "roberta",
-            "vocab_size": 50265,
-            "hidden_size": 768,
-            "num_hidden_layers": 12,
-            "num_attention_heads": 12,
-            "intermediate_size": 3072,
-            "max_position_embeddings": 514,
-            "type_vocab_size": 1,
-            "layer_norm_eps": 1e-5,
-            "pad_token_id": 1,
-            "bos_token_id": 0,
-            "eos_token_id": 2,
-        },
+        {**XLMR_BASE, "model_type": "roberta", "vocab_size": 50265},
     ),
 }
 

@@ -19,6 +19,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..errors import SquantError
+from ..mappings import model_inputs
 
 FIRST = ("sentence1", "premise", "question", "question1", "text_a", "sentence", "text")
 SECOND = ("sentence2", "hypothesis", "sentence", "question2", "text_b")
@@ -123,8 +124,5 @@ def predict_labels(
             if all(p is not None for p in pairs)
             else tokenizer(texts, **kw)
         )
-        inputs = dict(enc)
-        if getattr(model.config, "model_type", None) == "distilbert":
-            inputs.pop("token_type_ids", None)
-        preds.extend(model(**inputs).logits.argmax(-1).tolist())
+        preds.extend(model(**model_inputs(model, enc)).logits.argmax(-1).tolist())
     return preds

@@ -15,6 +15,8 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from ..mappings import model_inputs
+
 
 @torch.no_grad()
 def embed(
@@ -44,9 +46,7 @@ def embed(
             max_length=max_length,
             return_tensors="pt",
         )
-        if getattr(model.config, "model_type", None) == "distilbert":
-            enc.pop("token_type_ids", None)
-        hidden = last_hidden_state(model, dict(enc)).float()
+        hidden = last_hidden_state(model, model_inputs(model, enc)).float()
         mask = enc["attention_mask"].unsqueeze(-1).float()
         pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
         if normalize:

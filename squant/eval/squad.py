@@ -12,6 +12,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..errors import SquantError
+from ..mappings import model_inputs
 
 
 @dataclass(frozen=True)
@@ -104,12 +105,7 @@ def predict_squad(
         )
         mapping = enc.pop("overflow_to_sample_mapping").tolist()
         offsets = enc.pop("offset_mapping")
-        inputs = {
-            k: v for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")
-        }
-        if getattr(model.config, "model_type", None) == "distilbert":
-            inputs.pop("token_type_ids", None)
-        out = model(**inputs)
+        out = model(**model_inputs(model, enc))
         for f, ex_index in enumerate(mapping):
             ex = chunk[ex_index]
             seq_ids = enc.sequence_ids(f)
