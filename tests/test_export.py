@@ -72,3 +72,20 @@ def test_load_exported_checks_the_isa(exported):
 def test_load_exported_errors(tmp_path):
     with pytest.raises(SquantError, match="not a squant export"):
         squant.load_exported(tmp_path)
+
+
+def test_dynamic_sequence_length_package(tmp_path):
+    model = tiny_model("bert", "sequence-classification")
+    q = squant.quantize(
+        model, squant.SmoothQuantConfig(mode="static"), token_batches(), progress=False
+    )
+    config = squant.CompileConfig(float_dtype="fp32")
+    squant.export(q, tmp_path, token_batches(n=1, seed=3)[0], config=config, dynamic_seq=True)
+    assert json.loads((tmp_path / MANIFEST).read_text())["seq"] is None
+    runner = squant.load_exported(tmp_path)
+    for seq in (8, 20):  # shorter and longer than the example's 12 tokens
+        x = token_batches(n=1, seq=seq, seed=5)[0]
+        with torch.no_grad():
+            ref = q(**x).logits
+        out = runner(x["input_ids"], x["attention_mask"])[0]
+        torch.testing.assert_close(out, ref, rtol=1e-3, atol=1e-3 * float(ref.abs().max()))
