@@ -12,7 +12,6 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .errors import SquantError
 
@@ -58,6 +57,11 @@ class FusedSelfAttention(nn.Module):
             setattr(self, out_name, getattr(original, out_name))
         # The model's own eager attention is the fallback when no fused kernel is configured.
         self._eager_attention = sys.modules[type(original).__module__].eager_attention_forward
+        # transformers' registry of attention kernels; imported here, not at squant's import,
+        # because transformers.modeling_utils pulls in torchao (slow, and noisy on CPUs)
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        self._attention_functions = ALL_ATTENTION_FUNCTIONS
         self.train(original.training)
 
     def forward(
@@ -69,7 +73,7 @@ class FusedSelfAttention(nn.Module):
         input_shape = hidden_states.shape[:-1]
         qkv = self.qkv(hidden_states).view(*input_shape, 3, self.num_heads, self.head_dim)
         q, k, v = (t.transpose(1, 2) for t in qkv.unbind(dim=-3))
-        attention = ALL_ATTENTION_FUNCTIONS.get_interface(
+        attention = self._attention_functions.get_interface(
             self.config._attn_implementation, self._eager_attention
         )
         out, weights = attention(
