@@ -86,3 +86,34 @@ def test_quant_linear_survives_deepcopy_pickle_and_state_dict():
     fresh.load_state_dict(q.state_dict())
     torch.testing.assert_close(fresh(x), y, rtol=0, atol=0)
     assert "packed_weight" not in q.state_dict()
+
+
+def test_int8_gemm_never_runs_a_reference_kernel(tmp_path):
+    """On VNNI-only CPUs oneDNN runs s8 x s8 in a reference kernel thousands of times slower;
+    squant's u8 x s8 must get a real (brgemm/jit) implementation. Read oneDNN's verbose log."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        """
+        import torch
+        from torch import nn
+        from squant.qlinear import QuantLinear, SmoothedLinear
+        lin = SmoothedLinear.from_linear(nn.Linear(256, 512), torch.ones(256))
+        for mode in ("static", "dynamic"):
+            q = QuantLinear.from_float(lin, mode, (-3.0, 3.0) if mode == "static" else None)
+            q(torch.randn(64, 256))
+        """
+    )
+    env = {**__import__("os").environ, "ONEDNN_VERBOSE": "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    matmuls = [line for line in out.stdout.splitlines() if "exec" in line and "matmul" in line]
+    assert matmuls, "oneDNN verbose printed no int8 matmul"
+    assert all("src:u8" in line for line in matmuls)
+    impls = {f[f.index("matmul") + 1] for f in (line.split(",") for line in matmuls)}
+    assert impls
+    assert not {i for i in impls if i.startswith("ref") or "any" in i}, impls
