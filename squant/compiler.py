@@ -165,7 +165,8 @@ def _cosine(a: Tensor, b: Tensor) -> float:
     return float(nn.functional.cosine_similarity(a.flatten().float(), b.flatten().float(), 0))
 
 
-def _first_tensor(out: Any) -> Tensor:
+def first_tensor(out: Any) -> Tensor:
+    """The main output of a model call: the tensor itself, or the first tensor field."""
     if isinstance(out, Tensor):
         return out
     values = out.values() if isinstance(out, Mapping) else out
@@ -238,14 +239,14 @@ def compile(  # the public name mirrors torch.compile
 
     inputs = dict(example_inputs)
     with torch.no_grad():
-        reference = _first_tensor(model(**inputs))
+        reference = first_tensor(model(**inputs))
     best: CompiledEncoder | None = None
     for gemm in candidates:
         # one module per candidate: dynamo guards frozen weights by identity, so each copy
         # gets its own compiled code (no global cache reset needed)
         module = copy.deepcopy(work) if len(candidates) > 1 else work
         result = CompiledEncoder(module, config, dtype, gemm)
-        cos = _cosine(reference, _first_tensor(result(**inputs)))
+        cos = _cosine(reference, first_tensor(result(**inputs)))
         entry: dict[str, Any] = {"cosine": cos}
         if not cos >= config.min_cosine:
             entry["status"] = "rejected: disagrees with eager"

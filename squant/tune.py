@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .compiler import first_tensor
 from .config import SmoothQuantConfig
 from .errors import SquantError
 from .eval.metrics import relative_loss
@@ -47,12 +48,6 @@ class TuneConfig:
             raise SquantError("max_fallback must be >= 0")
 
 
-def _main_output(out: Any) -> torch.Tensor:
-    if isinstance(out, torch.Tensor):
-        return out
-    return next(v for v in out.values() if isinstance(v, torch.Tensor))
-
-
 def _token_errors(out: torch.Tensor, ref: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """Relative L2 error per real token (per row for outputs without a sequence axis)."""
     err = (out - ref).norm(dim=-1) / ref.norm(dim=-1).clamp(min=1e-12)
@@ -75,7 +70,7 @@ def sensitivity(
     info = qmodel.squant_info["modules"]
     alphas = {name: m["alpha"] for name, m in info.items()}
     base = smooth(model, calibration, alphas, exclude=[], progress=False)
-    refs = [_main_output(model(**b)).float() for b in calibration]
+    refs = [first_tensor(model(**b)).float() for b in calibration]
     errors = {}
     for name in info:
         original = base.get_submodule(name)
@@ -83,7 +78,7 @@ def sensitivity(
         q.activation = "none"
         base.set_submodule(name, q)
         token_errors = [
-            _token_errors(_main_output(base(**b)).float(), r, b.get("attention_mask"))
+            _token_errors(first_tensor(base(**b)).float(), r, b.get("attention_mask"))
             for b, r in zip(calibration, refs, strict=True)
         ]
         base.set_submodule(name, original)

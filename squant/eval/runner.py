@@ -37,16 +37,17 @@ def _calibration(tok: Any, texts: list, max_length: int) -> list[dict[str, Any]]
     return tokenize(tok, texts, batch_size=8, max_length=max_length)
 
 
-def _split_calibration(n_items: int, calib_size: int, has_calib_file: bool) -> int:
-    """How many items (from the end) are held apart for calibration."""
-    if has_calib_file:
-        return 0
-    if n_items <= calib_size:
+def _hold_apart(items: list, calib_size: int, has_calib_file: bool, limit: int | None):
+    """(scored, held): the last calib_size items are held apart for calibration (none when a
+    calibration file is given) and never scored; limit caps the scored ones."""
+    held = 0 if has_calib_file else calib_size
+    if held and len(items) <= held:
         raise SquantError(
-            f"the data has {n_items} examples: too few to hold {calib_size} apart for calibration; "
-            "pass --calib FILE or lower --calib-size"
+            f"the data has {len(items)} examples: too few to hold {calib_size} apart for "
+            "calibration; pass --calib FILE or lower --calib-size"
         )
-    return calib_size
+    scored, rest = items[: len(items) - held], items[len(items) - held :]
+    return (scored[:limit] if limit else scored), rest
 
 
 def _score_variants(
@@ -75,12 +76,11 @@ def squad_task(model_dir, data, limit, calib, s: EvalSettings) -> Task:
     model = load_model(model_dir, task="question-answering")
     tok = load_tokenizer(model_dir)
     examples, v2 = squad.read_squad(data)
-    held = _split_calibration(len(examples), s.calib_size, calib is not None)
-    scored = examples[: len(examples) - held][:limit] if limit else examples[: len(examples) - held]
+    scored, held = _hold_apart(examples, s.calib_size, calib is not None, limit)
     calib_texts = (
         read_texts(calib, limit=s.calib_size)
         if calib
-        else [(ex.question, ex.context) for ex in examples[len(examples) - held :]]
+        else [(ex.question, ex.context) for ex in held]
     )
     golds = {ex.id: ex.answers for ex in scored}
 
@@ -107,14 +107,13 @@ def classification_task(model_dir, data, limit, calib, s: EvalSettings, name: st
     model = load_model(model_dir, task="sequence-classification")
     tok = load_tokenizer(model_dir)
     items = classify.read_labelled(data)
-    held = _split_calibration(len(items), s.calib_size, calib is not None)
-    scored = items[: len(items) - held][:limit] if limit else items[: len(items) - held]
+    scored, held = _hold_apart(items, s.calib_size, calib is not None, limit)
     gold = classify.label_ids(scored, model.config)
     max_len = min(s.max_length, 128)
     calib_texts = (
         read_texts(calib, limit=s.calib_size)
         if calib
-        else [(it.text, it.pair) if it.pair else it.text for it in items[len(items) - held :]]
+        else [(it.text, it.pair) if it.pair else it.text for it in held]
     )
 
     def score(variant, label):
