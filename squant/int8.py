@@ -1,7 +1,8 @@
 """INT8 arithmetic and the oneDNN kernels it runs on.
 
 Conventions (every int8 tensor in squant follows them):
-- weights: symmetric per output channel, int8 in [-127, 127], w ≈ w_q * w_scale[:, None].
+- weights: symmetric per output channel, int8 in [-127, 127], w ≈ w_q * w_scale[:, None];
+  [-63, 63] (7 bits) where the CPU has no VNNI (see kernel_weight_qmax).
 - activations: uint8 with a zero point, x ≈ (x_q - zp) * x_scale. Symmetric int8 activations
   are stored shifted by 128 (zp = 128): on CPUs whose VNNI multiplies only u8 by s8, oneDNN
   runs s8 x s8 through a reference kernel thousands of times slower, while u8 x s8 with a zero
@@ -10,21 +11,55 @@ Conventions (every int8 tensor in squant follows them):
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
 QMIN_W, QMAX_W = -127, 127
+QMAX_W_NO_VNNI = 63  # 7-bit weights: u8 x s8 pair sums stay inside int16 (2·255·63 < 2¹⁵)
 QMIN_A, QMAX_A = 0, 255
 SYMMETRIC_ZP = 128  # u8 zero point that makes a symmetric int8 grid
 _TINY = 1e-12
 
 
-def quantize_weight(w: Tensor) -> tuple[Tensor, Tensor]:
-    """[out, in] float -> (int8 [out, in], float32 scale [out]); symmetric per output row."""
+@functools.cache
+def kernel_weight_qmax() -> int:
+    """Largest |weight| the host's u8 x s8 GEMM multiplies exactly.
+
+    Without VNNI (AVX2, AVX512 before Cascade Lake), oneDNN multiplies u8 by s8 with
+    vpmaddubsw, which adds two u8·s8 products into a *saturating* int16: 2·255·127 = 64770
+    overflows it, and the GEMM silently returns wrong sums (measured on an AVX2 Zen 3: errors
+    of 8e4 on a 256-deep dot product with 8-bit weights, none with 7-bit ones). With weights in
+    [-63, 63] no pair can overflow. VNNI (vpdpbusd) and AMX accumulate in int32: full 8 bits.
+    """
+    from .hardware import cpu_features
+
+    return QMAX_W if cpu_features().int8_path != "no-vnni" else QMAX_W_NO_VNNI
+
+
+def quantize_weight(w: Tensor, qmax: int | None = None) -> tuple[Tensor, Tensor]:
+    """[out, in] float -> (int8 [out, in], float32 scale [out]); symmetric per output row, in
+    [-qmax, qmax] (default: what this host's kernel multiplies exactly)."""
+    qmax = kernel_weight_qmax() if qmax is None else qmax
     w = w.detach().float()
-    scale = (w.abs().amax(dim=1) / QMAX_W).clamp(min=_TINY)
-    q = torch.round(w / scale[:, None]).clamp(QMIN_W, QMAX_W).to(torch.int8)
+    scale = (w.abs().amax(dim=1) / qmax).clamp(min=_TINY)
+    q = torch.round(w / scale[:, None]).clamp(-qmax, qmax).to(torch.int8)
     return q, scale
+
+
+def kernel_weight(w_q: Tensor, scale: Tensor, qmax: int | None = None) -> tuple[Tensor, Tensor]:
+    """The (int8 weight, scale) this host's kernel can run exactly: w_q itself when it fits in
+    [-qmax, qmax]; otherwise the rows that do not fit requantized to that range (a model saved
+    on a VNNI machine, loaded on one without). Never returns a weight the kernel would
+    saturate on."""
+    qmax = kernel_weight_qmax() if qmax is None else qmax
+    row_max = w_q.abs().amax(dim=1).to(torch.int32)
+    if int(row_max.max()) <= qmax:
+        return w_q, scale
+    factor = torch.where(row_max > qmax, qmax / row_max.clamp(min=1).float(), 1.0)
+    w_k = torch.round(w_q.float() * factor[:, None]).clamp(-qmax, qmax).to(torch.int8)
+    return w_k, (scale / factor).float()
 
 
 def affine_qparams(lo: float, hi: float) -> tuple[float, int]:

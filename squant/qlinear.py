@@ -109,7 +109,13 @@ class QuantLinear(nn.Module):
 
     def refresh(self) -> None:
         """Derive the packed weight and the fused static multiplier from the saved buffers."""
-        self.register_buffer("packed_weight", int8.pack_weight(self.weight), persistent=False)
+        # what the kernel multiplies: the saved weight, or a 7-bit copy on CPUs without VNNI
+        # when the saved one has 8-bit values (int8.kernel_weight_qmax)
+        w_k, s_k = int8.kernel_weight(self.weight, self.weight_scale)
+        requantized = w_k is not self.weight
+        self.register_buffer("kernel_weight", w_k if requantized else None, persistent=False)
+        self.register_buffer("kernel_scale", s_k if requantized else None, persistent=False)
+        self.register_buffer("packed_weight", int8.pack_weight(w_k), persistent=False)
         self.register_buffer(
             "weight_zero_point",
             torch.zeros(self.out_features, dtype=torch.int32),
@@ -127,8 +133,13 @@ class QuantLinear(nn.Module):
         # torch.export cannot carry the opaque packed buffer: exported graphs pack the frozen
         # int8 weight in-graph and AOTInductor folds that into a constant at build time.
         if torch.compiler.is_exporting():
-            return int8.pack_weight(self.weight)
+            return int8.pack_weight(self._kernel_weight()[0])
         return self.packed_weight
+
+    def _kernel_weight(self) -> tuple[Tensor, Tensor]:
+        if self.kernel_weight is not None:
+            return self.kernel_weight, self.kernel_scale
+        return self.weight, self.weight_scale
 
     def forward(self, x: Tensor) -> Tensor:
         shape = x.shape
@@ -140,7 +151,7 @@ class QuantLinear(nn.Module):
                 self._x_scale,
                 self._x_zero_point,
                 self._packed(),
-                self.weight_scale,
+                self._kernel_weight()[1],
                 self.weight_zero_point,
                 self.bias,
                 x.dtype,
@@ -153,7 +164,7 @@ class QuantLinear(nn.Module):
                 1.0,
                 int8.SYMMETRIC_ZP,
                 self._packed(),
-                self.weight_scale,
+                self._kernel_weight()[1],
                 self.weight_zero_point,
                 None,
                 torch.float32,
@@ -166,7 +177,8 @@ class QuantLinear(nn.Module):
 
     def dequantized_weight(self) -> Tensor:
         """The float weight the int8 GEMM effectively applies to the *smoothed* input."""
-        return self.weight.float() * self.weight_scale[:, None]
+        w_k, s_k = self._kernel_weight()
+        return w_k.float() * s_k[:, None]
 
     def extra_repr(self) -> str:
         s = f"in={self.in_features}, out={self.out_features}, bias={self.bias is not None}"
@@ -181,7 +193,8 @@ class QuantLinear(nn.Module):
     # derive it again (deepcopy, pickle, multiprocessing).
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_buffers"] = {k: v for k, v in self._buffers.items() if k != "packed_weight"}
+        derived = ("packed_weight", "kernel_weight", "kernel_scale")
+        state["_buffers"] = {k: v for k, v in self._buffers.items() if k not in derived}
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

@@ -14,10 +14,43 @@ from squant.qlinear import QuantLinear, SmoothedLinear
 def test_quantize_weight_error_is_within_half_a_step():
     torch.manual_seed(0)
     w = torch.randn(16, 32)
-    q, scale = int8.quantize_weight(w)
+    q, scale = int8.quantize_weight(w, qmax=127)
     assert q.dtype == torch.int8 and int(q.abs().max()) == 127
     err = (q.float() * scale[:, None] - w).abs()
     assert bool((err <= scale[:, None] / 2 + 1e-7).all())
+
+
+def test_weights_fit_what_this_hosts_kernel_multiplies_exactly():
+    """Without VNNI, u8 x s8 pairs add into a saturating int16: 8-bit weights overflow it.
+    squant's weights (new or loaded) never exceed the host kernel's exact range."""
+    torch.manual_seed(0)
+    qmax = int8.kernel_weight_qmax()
+    assert qmax in (63, 127)
+    q, _ = int8.quantize_weight(torch.randn(8, 16))
+    assert int(q.abs().max()) == qmax
+    # a weight saved with 8-bit values (on a VNNI machine) is requantized for the kernel
+    w8 = torch.randint(-127, 128, (64, 256), dtype=torch.int8)
+    scale = torch.rand(64) + 0.1
+    w_k, s_k = int8.kernel_weight(w8, scale, qmax=63)
+    assert int(w_k.abs().max()) <= 63
+    err = (w_k.float() * s_k[:, None] - w8.float() * scale[:, None]).abs().amax(dim=1)
+    assert bool((err <= s_k / 2 + 1e-4).all())  # within half a 7-bit step per row
+    assert int8.kernel_weight(w8, scale, qmax=127)[0] is w8
+    # the kernel is exact on the weights it is given: no saturation whatever the host
+    x = torch.randint(0, 256, (32, 256), dtype=torch.uint8)
+    w_run, s_run = int8.kernel_weight(w8, torch.ones(64))
+    y = int8.int8_linear(
+        x,
+        1.0,
+        128,
+        int8.pack_weight(w_run),
+        s_run,
+        torch.zeros(64, dtype=torch.int32),
+        None,
+        torch.float32,
+    )
+    ref = ((x.double() - 128) @ w_run.double().T * s_run.double()).float()
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5 * float(ref.abs().max()))
 
 
 @pytest.mark.parametrize(
