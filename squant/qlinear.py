@@ -75,7 +75,8 @@ class QuantLinear(nn.Module):
                 "input_zero_point", torch.tensor(int8.SYMMETRIC_ZP, dtype=torch.int32)
             )
         self.register_load_state_dict_post_hook(_refresh_after_load)
-        self.refresh()
+        if not self.weight.is_meta:  # a meta-device build only describes shapes (load checks)
+            self.refresh()
 
     @classmethod
     def from_float(

@@ -45,7 +45,7 @@ class Site:
     layer: int
 
 
-def _layers(model: nn.Module, layout: EncoderLayout) -> tuple[str, nn.ModuleList]:
+def encoder_layers(model: nn.Module, layout: EncoderLayout) -> tuple[str, nn.ModuleList]:
     base = model.base_model
     prefix = "" if base is model else f"{model.base_model_prefix}."
     return f"{prefix}{layout.layers}", base.get_submodule(layout.layers)
@@ -53,7 +53,7 @@ def _layers(model: nn.Module, layout: EncoderLayout) -> tuple[str, nn.ModuleList
 
 def fuse_attention(model: nn.Module, layout: EncoderLayout) -> None:
     """Replace each layer's self-attention with FusedSelfAttention (float Q|K|V GEMM). Exact."""
-    _, layers = _layers(model, layout)
+    _, layers = encoder_layers(model, layout)
     out_in_attention = layout.attn_out.startswith(layout.attention + ".")
     out_name = layout.attn_out.rsplit(".", 1)[1] if out_in_attention else None
     num_heads = int(getattr(model.config, layout.num_heads))
@@ -67,7 +67,7 @@ def fuse_attention(model: nn.Module, layout: EncoderLayout) -> None:
 
 def find_sites(model: nn.Module, layout: EncoderLayout) -> list[Site]:
     """The four GEMM sites of every layer, named as in model.named_modules() after fusion."""
-    path, layers = _layers(model, layout)
+    path, layers = encoder_layers(model, layout)
     sites = []
     for i in range(len(layers)):
         p = f"{path}.{i}."
@@ -118,7 +118,7 @@ def _apply_smoothing(
     """Smooth every site in place (exact in real arithmetic). Returns per site m = 1/s (the
     per-channel factor between the original input and the input its GEMM now sees) and the
     alpha used."""
-    _, layers = _layers(model, layout)
+    _, layers = encoder_layers(model, layout)
     multipliers: dict[str, Tensor] = {}
     alphas: dict[str, float] = {}
     # attn_out first: folding into V changes the QKV weight that QKV's smoothing reads.
@@ -235,7 +235,7 @@ def quantize(
             hists = _observe(model, names, Histogram, batches, "activation ranges", progress)
             ranges = {n: hists[n].percentile_range(config.percentile) for n in names}
 
-    layers_path, _ = _layers(model, layout)
+    layers_path, _ = encoder_layers(model, layout)
     modules: dict[str, dict[str, Any]] = {}
     for site in sites:
         float_linear = model.get_submodule(site.name)

@@ -5,8 +5,16 @@ Layout of a saved directory:
                        the list of quantized modules (shapes, modes)
     model.safetensors  every tensor (int8 weights, scales, the float rest)
     tokenizer files    when a tokenizer was given
-Loading rebuilds the model from an allow-listed transformers class named in the JSON, re-does
-the same module surgery with empty int8 modules, then loads the tensors strictly.
+Saving writes into a temporary sibling directory and renames it into place (squant.files):
+a crash leaves the previous model intact, never new weights beside a stale squant.json.
+
+Loading trusts nothing in the directory. The JSON is checked against a schema (types, ranges,
+allowed class and module names, model sizes bounded); the model is first built on the meta
+device (no memory) and its expected tensor names, shapes and dtypes are compared with the
+safetensors header *before* anything is allocated, so a crafted size cannot ask for a
+terabyte; after loading, every scale must be finite and positive, every zero point in
+[0, 255], every float tensor finite. Nothing from the files is executed: the model class
+comes from an allow-list, and safetensors holds data only. Anything else is one SquantError.
 """
 
 from __future__ import annotations
@@ -20,11 +28,13 @@ import torch
 import transformers
 from torch import nn
 
-from . import __version__
+from . import __version__, int8
+from .config import MODES, SmoothQuantConfig
 from .errors import SquantError
+from .files import atomic_directory
 from .mappings import SUPPORTED_CLASSES, layout_for
 from .qlinear import QuantLinear
-from .quantize import fuse_attention
+from .quantize import encoder_layers, find_sites, fuse_attention
 
 FORMAT = "squant"
 FORMAT_VERSION = 1
@@ -32,15 +42,22 @@ CONFIG_FILE = "squant.json"
 WEIGHTS_FILE = "model.safetensors"
 
 
-def save(model: nn.Module, directory: str | Path, tokenizer: Any = None) -> Path:
-    """Write a model returned by squant.quantize() to `directory` (created if missing)."""
+def save(
+    model: nn.Module,
+    directory: str | Path,
+    tokenizer: Any = None,
+    *,
+    overwrite: bool = False,
+    protect: tuple[str | Path, ...] = (),
+) -> Path:
+    """Write a model returned by squant.quantize() to `directory`, atomically.
+
+    Refused: a directory holding files squant did not write (unless overwrite=True), and one
+    that is, contains or lies inside the checkpoint the model was loaded from (or `protect`).
+    """
     info = getattr(model, "squant_info", None)
     if info is None:
         raise SquantError("this model was not quantized by squant.quantize(); nothing to save")
-    directory = Path(directory)
-    if directory.exists() and not directory.is_dir():
-        raise SquantError(f"{directory} exists and is not a directory")
-    directory.mkdir(parents=True, exist_ok=True)
     meta = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -51,11 +68,14 @@ def save(model: nn.Module, directory: str | Path, tokenizer: Any = None) -> Path
         "hf_config": model.config.to_dict(),
         "quantization": info,
     }
-    safetensors.torch.save_model(model, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
-    (directory / CONFIG_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True))
-    if tokenizer is not None:
-        tokenizer.save_pretrained(str(directory))
-    return directory
+    source = getattr(model.config, "_name_or_path", "")
+    sources = (*protect, source) if source and Path(source).is_dir() else tuple(protect)
+    with atomic_directory(directory, CONFIG_FILE, sources, overwrite) as tmp:
+        safetensors.torch.save_model(model, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+        (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True))
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(tmp))
+    return Path(directory)
 
 
 def read_meta(directory: str | Path) -> dict[str, Any]:
@@ -64,52 +84,232 @@ def read_meta(directory: str | Path) -> dict[str, Any]:
         raise SquantError(f"{directory} is not a directory")
     if not path.is_file():
         raise SquantError(f"{directory} has no {CONFIG_FILE}: not a model saved by squant.save()")
+    if path.stat().st_size > MAX_META_BYTES:
+        raise SquantError(f"{path} is {path.stat().st_size} bytes: too large for a model record")
     try:
-        meta = json.loads(path.read_text())
+        meta = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise SquantError(f"{path} is not valid JSON ({e}); the file is corrupt") from None
+    except RecursionError:
+        raise SquantError(f"{path} is nested too deeply to be a squant model record") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise SquantError(f"{path} is not a squant model description")
     if meta.get("format_version") != FORMAT_VERSION:
         raise SquantError(
-            f"{path} has format version {meta.get('format_version')}; this squant reads "
+            f"{path} has format version {meta.get('format_version')!r}; this squant reads "
             f"{FORMAT_VERSION}"
         )
     return meta
+
+
+# Bounds on the sizes a config may ask for (far above any BERT-family model; a crafted file
+# cannot make squant build a huge model even on the meta device).
+MAX_META_BYTES = 64 * 2**20
+SIZE_LIMITS: dict[str, int] = {
+    "vocab_size": 2**22,
+    "hidden_size": 2**15,
+    "dim": 2**15,
+    "intermediate_size": 2**17,
+    "hidden_dim": 2**17,
+    "num_hidden_layers": 256,
+    "n_layers": 256,
+    "num_attention_heads": 1024,
+    "n_heads": 1024,
+    "max_position_embeddings": 2**16,
+    "type_vocab_size": 2**10,
+}
+
+
+def _field(d: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    if not isinstance(d, dict) or key not in d:
+        raise SquantError(f"{where} is missing field {key!r}")
+    value = d[key]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise SquantError(f"{where}: field {key!r} has the wrong type ({type(value).__name__})")
+    return value
+
+
+def _check_config_sizes(hf_config: dict[str, Any], where: str) -> None:
+    for key, limit in SIZE_LIMITS.items():
+        if key in hf_config:
+            v = hf_config[key]
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= limit:
+                raise SquantError(
+                    f"{where}: hf_config.{key} = {v!r} is not an integer in [1, {limit}]"
+                )
+
+
+def _build(
+    cls_name: str, model_type: str, hf_config: dict[str, Any], modules: dict[str, Any], meta: bool
+) -> nn.Module:
+    """The model the directory describes, with empty int8 modules; on the meta device (shapes
+    only, no memory) or for real."""
+    with torch.device("meta" if meta else "cpu"):
+        config = transformers.AutoConfig.for_model(model_type, **_config_kwargs(hf_config))
+        model = getattr(transformers, cls_name)(config).eval()
+        fuse_attention(model, layout_for(model))
+        for name, m in modules.items():
+            q = QuantLinear(
+                m["in_features"], m["out_features"], m["bias"], m["mode"], m["activation"]
+            )
+            model.set_submodule(name, q)
+            if m["absorbs"]:
+                model.set_submodule(m["absorbs"], nn.Identity())
+    return model
+
+
+def _check_modules(model: nn.Module, modules: Any, where: str) -> dict[str, dict[str, Any]]:
+    """Each quantized-module record names a GEMM site of this architecture with its true
+    shape; returns them normalized (defaults filled in)."""
+    if not isinstance(modules, dict) or not modules:
+        raise SquantError(f"{where}: quantization.modules must be a non-empty object")
+    layout = layout_for(model)
+    sites = {s.name: s for s in find_sites(model, layout)}
+    layers_path, _ = encoder_layers(model, layout)
+    out: dict[str, dict[str, Any]] = {}
+    for name, rec in modules.items():
+        w = f"{where}: module {name!r}"
+        if name not in sites:
+            raise SquantError(f"{w} is not a quantizable linear of {type(model).__name__}")
+        site = sites[name]
+        linear = model.get_submodule(name)
+        mode = _field(rec, "mode", str, w)
+        if mode not in MODES:
+            raise SquantError(f"{w}: mode {mode!r} is not one of {MODES}")
+        activation = rec.get("activation", "none")
+        if activation not in int8.POST_OPS:
+            raise SquantError(
+                f"{w}: activation {activation!r} is not one of {tuple(int8.POST_OPS)}"
+            )
+        shape = (_field(rec, "in_features", int, w), _field(rec, "out_features", int, w))
+        if shape != (linear.in_features, linear.out_features):
+            raise SquantError(
+                f"{w}: shape {shape} does not match the model's "
+                f"{(linear.in_features, linear.out_features)}"
+            )
+        bias = _field(rec, "bias", bool, w)
+        if bias != (linear.bias is not None):
+            raise SquantError(f"{w}: bias={bias} does not match the model")
+        if rec.get("kind", site.kind) != site.kind or rec.get("layer", site.layer) != site.layer:
+            raise SquantError(f"{w}: kind/layer do not match the model ({site.kind}, {site.layer})")
+        absorbs = rec.get("absorbs")
+        expected = f"{layers_path}.{site.layer}.{layout.ffn_act}"
+        if absorbs is not None and (site.kind != "ffn_in" or absorbs != expected):
+            raise SquantError(f"{w}: absorbs {absorbs!r}; only {expected!r} may be absorbed here")
+        if (absorbs is None) != (activation == "none"):
+            raise SquantError(f"{w}: activation {activation!r} and absorbs {absorbs!r} disagree")
+        out[name] = {**rec, "activation": activation, "absorbs": absorbs}
+    return out
+
+
+def _header(weights: Path) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Tensor name -> (shape, dtype) from the safetensors header, without reading the data."""
+    try:
+        with safetensors.safe_open(str(weights), "pt") as f:
+            return {
+                k: (tuple(f.get_slice(k).get_shape()), str(f.get_slice(k).get_dtype()))
+                for k in f.keys()  # noqa: SIM118 (safe_open is not a mapping)
+            }
+    except (OSError, RuntimeError, safetensors.SafetensorError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise SquantError(f"cannot load {weights}: {first}") from None
+
+
+_SAFETENSORS_DTYPES = {
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.int32: "I32",
+    torch.int64: "I64",
+    torch.bool: "BOOL",
+}
+
+
+def _check_header(model: nn.Module, header: dict[str, Any], weights: Path) -> None:
+    expected = model.state_dict(keep_vars=True)
+    for key, (shape, dtype) in header.items():
+        if key not in expected:
+            raise SquantError(f"cannot load {weights}: unexpected tensor {key!r}")
+        t = expected[key]
+        want = (tuple(t.shape), _SAFETENSORS_DTYPES.get(t.dtype, str(t.dtype)))
+        if (shape, dtype) != want:
+            raise SquantError(
+                f"cannot load {weights}: {key} is {dtype}{list(shape)}, the model needs "
+                f"{want[1]}{list(want[0])}"
+            )
+    present = [expected[k] for k in header]
+    for key, t in expected.items():  # a missing name must be a tied alias of a present one
+        if key not in header and not any(t is p for p in present):
+            raise SquantError(f"cannot load {weights}: missing tensor {key!r}")
+
+
+def _check_values(model: nn.Module, where: Path) -> None:
+    for name, module in model.named_modules():
+        if isinstance(module, QuantLinear):
+            positive = {
+                "weight_scale": module.weight_scale,
+                "input_multiplier": module.input_multiplier,
+            }
+            if module.mode == "static":
+                positive["input_scale"] = module.input_scale
+                zp = int(module.input_zero_point)
+                if not int8.QMIN_A <= zp <= int8.QMAX_A:
+                    raise SquantError(f"{where}: {name}.input_zero_point {zp} is outside [0, 255]")
+            for key, t in positive.items():
+                if not bool(torch.isfinite(t).all()) or not bool((t > 0).all()):
+                    raise SquantError(
+                        f"{where}: {name}.{key} has non-finite or non-positive values"
+                    )
+            if int(module.weight.min()) < int8.QMIN_W:
+                raise SquantError(
+                    f"{where}: {name}.weight holds -128 (squant weights are symmetric)"
+                )
+    for key, t in model.state_dict().items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise SquantError(f"{where}: tensor {key} holds NaN or infinite values")
 
 
 def load(directory: str | Path) -> nn.Module:
     """Rebuild a quantized model saved with squant.save(); eval mode, ready to run."""
     directory = Path(directory)
     meta = read_meta(directory)
+    where = str(directory / CONFIG_FILE)
+    hf_config = dict(_field(meta, "hf_config", dict, where))
+    model_type = _field(hf_config, "model_type", str, f"{where}: hf_config")
+    cls_name = _field(meta, "model_class", str, where)
+    quantization = _field(meta, "quantization", dict, where)
     try:
-        hf_config = dict(meta["hf_config"])
-        model_type = hf_config["model_type"]
-        cls_name = meta["model_class"]
-        modules = meta["quantization"]["modules"]
-    except (KeyError, TypeError) as e:
-        raise SquantError(f"{directory / CONFIG_FILE} is missing field {e}") from None
+        SmoothQuantConfig.from_dict(_field(quantization, "config", dict, f"{where}: quantization"))
+    except TypeError as e:
+        raise SquantError(f"{where}: quantization.config is invalid ({e})") from None
     if cls_name not in SUPPORTED_CLASSES.get(model_type, ()):
         raise SquantError(f"{directory}: model class {cls_name!r} is not one squant can rebuild")
+    _check_config_sizes(hf_config, where)
     weights = directory / WEIGHTS_FILE
     if not weights.is_file():
         raise SquantError(f"{directory} has no {WEIGHTS_FILE}")
 
-    config = transformers.AutoConfig.for_model(model_type, **_config_kwargs(hf_config))
-    model = getattr(transformers, cls_name)(config).eval()
-    fuse_attention(model, layout_for(model))
-    for name, m in modules.items():
-        activation = m.get("activation", "none")
-        q = QuantLinear(m["in_features"], m["out_features"], m["bias"], m["mode"], activation)
-        model.set_submodule(name, q)
-        if m.get("absorbs"):
-            model.set_submodule(m["absorbs"], nn.Identity())
+    try:
+        skeleton = _build(cls_name, model_type, hf_config, {}, meta=True)
+    except SquantError:
+        raise
+    except Exception as e:  # transformers rejects odd configs in many ways
+        raise SquantError(f"{where}: cannot rebuild {cls_name} from hf_config ({e})") from None
+    modules = _check_modules(skeleton, _field(quantization, "modules", dict, where), where)
+    _check_header(
+        _build(cls_name, model_type, hf_config, modules, meta=True), _header(weights), weights
+    )
+
+    model = _build(cls_name, model_type, hf_config, modules, meta=False)
     try:
         safetensors.torch.load_model(model, str(weights), strict=True)
     except (OSError, RuntimeError, safetensors.SafetensorError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise SquantError(f"cannot load {weights}: {first}") from None
-    model.squant_info = meta["quantization"]
+    _check_values(model, directory)
+    model.squant_info = quantization
     return model.eval()
 
 

@@ -78,3 +78,189 @@ def test_load_errors_are_clear(tmp_path):
 def test_saving_a_float_model_is_refused(tmp_path):
     with pytest.raises(squant.SquantError, match="not quantized"):
         squant.save(tiny_model("bert"), tmp_path)
+
+
+# --- trust: nothing in a saved directory is believed without a check ----------------------
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    q = squant.quantize(tiny_model("bert"), calibration=token_batches(), progress=False)
+    path = tmp_path_factory.mktemp("saved") / "q"
+    squant.save(q, path)
+    return q, path
+
+
+def _tampered(tmp_path, saved, edit_meta=None, edit_tensors=None):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    _, src = saved
+    dst = tmp_path / "tampered"
+    shutil.copytree(src, dst)
+    if edit_meta is not None:
+        meta = json.loads((dst / "squant.json").read_text())
+        edit_meta(meta)
+        (dst / "squant.json").write_text(json.dumps(meta))
+    if edit_tensors is not None:
+        tensors = load_file(str(dst / "model.safetensors"))
+        edit_tensors(tensors)
+        save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    return dst
+
+
+QKV = "encoder.layer.0.attention.self.qkv"
+
+
+def _set(key, value):
+    def edit(tensors):
+        tensors[key] = torch.full_like(tensors[key], value)
+
+    return edit
+
+
+def _module(field, value):
+    def edit(meta):
+        meta["quantization"]["modules"][QKV][field] = value
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    ("edit_meta", "edit_tensors", "message"),
+    [
+        (None, _set(f"{QKV}.weight_scale", float("nan")), "weight_scale has non-finite"),
+        (None, _set(f"{QKV}.input_scale", float("inf")), "input_scale has non-finite"),
+        (None, _set(f"{QKV}.input_scale", -1.0), "non-positive"),
+        (None, _set(f"{QKV}.input_zero_point", 300), r"outside \[0, 255\]"),
+        (None, _set(f"{QKV}.input_multiplier", 0.0), "input_multiplier"),
+        (None, _set("embeddings.LayerNorm.weight", float("nan")), "NaN or infinite"),
+        (_module("in_features", 10**6), None, "does not match the model"),
+        (_module("mode", "fast"), None, "mode 'fast'"),
+        (_module("mode", None), None, "wrong type"),
+        (_module("activation", "os.system"), None, "activation 'os.system'"),
+        (_module("bias", "yes"), None, "wrong type"),
+        (lambda m: m["quantization"]["modules"].pop(QKV), None, "unexpected tensor"),
+        (
+            lambda m: m["quantization"]["modules"].update({"pooler.dense": {"mode": "static"}}),
+            None,
+            "not a quantizable linear",
+        ),
+        (lambda m: m["hf_config"].update(hidden_size=10**7), None, "hidden_size"),
+        (lambda m: m["hf_config"].update(num_attention_heads=0), None, "num_attention_heads"),
+        (lambda m: m["hf_config"].update(hidden_size=96), None, "does not match the model"),
+        (lambda m: m.update(quantization=[]), None, "wrong type"),
+        (lambda m: m["quantization"].update(modules={}), None, "non-empty"),
+        (lambda m: m["quantization"]["config"].update(alpha=7), None, "alpha must be in"),
+        (lambda m: m["quantization"]["config"].update(bogus=1), None, "unknown"),
+        (lambda m: m.pop("hf_config"), None, "missing field 'hf_config'"),
+    ],
+)
+def test_tampered_directories_are_refused_with_one_clear_error(
+    tmp_path, saved, edit_meta, edit_tensors, message
+):
+    path = _tampered(tmp_path, saved, edit_meta, edit_tensors)
+    with pytest.raises(squant.SquantError, match=message):
+        squant.load(path)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("[1, 2]", "not a squant model description"),
+        (b"\xff\xfe\x00bad", "not valid JSON"),
+        ("[" * 100_000 + "]" * 100_000, "nested too deeply|not valid JSON"),
+    ],
+)
+def test_malformed_squant_json(tmp_path, saved, content, message):
+    path = _tampered(tmp_path, saved)
+    target = path / "squant.json"
+    target.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(squant.SquantError, match=message):
+        squant.load(path)
+
+
+def test_weights_that_are_a_directory(tmp_path, saved):
+    path = _tampered(tmp_path, saved)
+    (path / "model.safetensors").unlink()
+    (path / "model.safetensors").mkdir()
+    with pytest.raises(squant.SquantError, match="no model.safetensors"):
+        squant.load(path)
+
+
+def test_save_refuses_foreign_and_source_directories(tmp_path, saved, tiny_checkpoint):
+    q, _ = saved
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    with pytest.raises(squant.SquantError, match="not written by squant"):
+        squant.save(q, foreign)
+    assert (foreign / "notes.txt").read_text() == "mine"
+    squant.save(q, foreign, overwrite=True)
+    assert not (foreign / "notes.txt").exists() and (foreign / "squant.json").is_file()
+    # a model loaded from a checkpoint never overwrites that checkpoint (nor a folder around it)
+    from squant.models import load_model
+
+    model = load_model(tiny_checkpoint)
+    batches = [
+        {"input_ids": b["input_ids"] % 40, "attention_mask": b["attention_mask"]}
+        for b in token_batches()
+    ]
+    qm = squant.quantize(model, calibration=batches, progress=False)
+    for out in (tiny_checkpoint, tiny_checkpoint / "sub", tiny_checkpoint.parent):
+        with pytest.raises(squant.SquantError, match="overlaps the input"):
+            squant.save(qm, out, overwrite=True)
+    assert (tiny_checkpoint / "config.json").is_file()
+    file_target = tmp_path / "a-file"
+    file_target.write_text("x")
+    with pytest.raises(squant.SquantError, match="is a file, not a directory"):
+        squant.save(q, file_target / "out")
+    with pytest.raises(squant.SquantError, match="exists and is not a directory"):
+        squant.save(q, file_target)
+
+
+def test_a_killed_save_leaves_the_previous_model_intact(tmp_path, saved):
+    """kill -9 in the middle of writing: the old model still loads, with the old outputs."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+    import time
+
+    q, _ = saved
+    target = tmp_path / "model"
+    squant.save(q, target)
+    test = token_batches(seed=3)[0]
+    before = run(squant.load(target), test)
+    marker = tmp_path / "writing"
+    script = textwrap.dedent(
+        f"""
+        import time, pathlib, safetensors.torch, torch
+        import squant
+        from tests.helpers import tiny_model, token_batches
+        q = squant.quantize(tiny_model("bert", seed=7), squant.SmoothQuantConfig(mode="dynamic"),
+                            token_batches(), progress=False)
+        real = safetensors.torch.save_model
+        def slow(*a, **k):
+            real(*a, **k)
+            pathlib.Path({str(marker)!r}).write_text("x")
+            time.sleep(60)
+        safetensors.torch.save_model = slow
+        squant.save(q, {str(target)!r})
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=os.getcwd())
+    try:
+        deadline = time.time() + 120
+        while not marker.exists():
+            assert proc.poll() is None, "the writer died before the kill"
+            assert time.time() < deadline
+            time.sleep(0.1)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+    after = run(squant.load(target), test)
+    torch.testing.assert_close(after, before, rtol=0, atol=0)
+    assert squant.load(target).squant_info["config"]["mode"] == "static"

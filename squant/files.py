@@ -1,0 +1,112 @@
+"""Writing output directories safely: checked before any work, replaced atomically after it.
+
+    check_output_dir(out, marker="squant.json", protect=[checkpoint], overwrite=False)
+    with atomic_directory(out, marker="squant.json", protect=[checkpoint]) as tmp:
+        ...write every file into tmp...
+
+A directory is written into a temporary sibling and renamed into place only once every file
+is there: a crash (kill -9, disk full, an exception) leaves the previous directory as it was,
+or nothing. Replacing an existing directory takes two renames (old aside, new in); a crash in
+between - microseconds - leaves the previous one intact under `.NAME.old-*` beside it.
+
+Refused without `overwrite`: a target that holds files squant did not write (no `marker`
+file). Always refused: a target that is, contains or lies inside a protected path (the source
+checkpoint), and a target that exists but is not a directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from .errors import SquantError
+
+
+def _overlaps(target: Path, protected: Path) -> bool:
+    return target == protected or protected in target.parents or target in protected.parents
+
+
+def check_output_dir(
+    target: str | Path,
+    marker: str,
+    protect: Iterable[str | Path] = (),
+    overwrite: bool = False,
+) -> Path:
+    """Refuse an output directory now, before any slow work, for every reason a write into
+    it would be refused later; create its parent. Returns the resolved path."""
+    path = Path(target).expanduser()
+    resolved = path.resolve()
+    for p in protect:
+        if _overlaps(resolved, Path(p).expanduser().resolve()):
+            raise SquantError(
+                f"output {path} overlaps the input {p}: writing there could destroy the input; "
+                "choose another directory"
+            )
+    if resolved.exists():
+        if not resolved.is_dir():
+            raise SquantError(f"output {path} exists and is not a directory")
+        entries = list(resolved.iterdir())
+        if entries and not (resolved / marker).is_file() and not overwrite:
+            raise SquantError(
+                f"output {path} is not empty and was not written by squant (no {marker}); "
+                "pass --overwrite (overwrite=True) to replace it, or choose an empty directory"
+            )
+    parent = resolved.parent
+    blocker = next((a for a in (parent, *parent.parents) if a.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        raise SquantError(f"cannot write {path}: {blocker} is a file, not a directory")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SquantError(f"cannot create {parent}: {e.strerror or e}") from None
+    if not parent.is_dir():
+        raise SquantError(f"cannot write into {parent}: not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise SquantError(f"cannot write into {parent}: permission denied")
+    return resolved
+
+
+@contextlib.contextmanager
+def atomic_directory(
+    target: str | Path,
+    marker: str,
+    protect: Iterable[str | Path] = (),
+    overwrite: bool = False,
+) -> Iterator[Path]:
+    """Yield a fresh temporary directory; on success it replaces `target` whole."""
+    final = check_output_dir(target, marker, protect, overwrite)
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    except OSError as e:
+        raise SquantError(f"cannot write into {final.parent}: {e.strerror or e}") from None
+    try:
+        yield tmp
+        _fsync_tree(tmp)
+        if final.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-", dir=final.parent))
+            os.rename(final, old / "previous")
+            os.rename(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, final)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise SquantError(f"cannot write {final}: {e.strerror or e}") from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _fsync_tree(root: Path) -> None:
+    """Flush file contents to disk before the rename publishes them."""
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
