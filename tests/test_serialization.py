@@ -185,7 +185,7 @@ def test_weights_that_are_a_directory(tmp_path, saved):
     path = _tampered(tmp_path, saved)
     (path / "model.safetensors").unlink()
     (path / "model.safetensors").mkdir()
-    with pytest.raises(squant.SquantError, match="no model.safetensors"):
+    with pytest.raises(squant.SquantError, match=r"no model\.safetensors"):
         squant.load(path)
 
 
