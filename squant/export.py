@@ -10,13 +10,23 @@ output names, shapes) and the tokenizer. Running it needs PyTorch only:
     runner = torch._inductor.aoti_load_package("deploy/model.pt2")
     outputs = runner(input_ids=ids, attention_mask=mask)   # a tuple of tensors
 
-squant.load_exported() adds the manifest checks (ISA, versions) in front of that.
+squant.load_exported() adds checks in front of that: the manifest's schema, format and torch
+version; the ISA the package needs; the SHA-256 of model.pt2 recorded at export; every member
+of the archive (no absolute paths, no `..`, no links, one root folder: torch's loader extracts
+member names as given); and, at every call, the inputs' dtype, rank, batch, sequence length
+and token-id range (AOTInductor reads past its buffers on a wrong shape instead of failing).
+
+A .pt2 holds compiled native code (a shared library that runs when loaded): like any .so,
+load only packages from a source you trust. The checks above catch accidents and tampering
+after export (the hash), not a malicious package built with a matching manifest.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -28,12 +38,15 @@ from . import __version__
 from .attention import SQUANT_ATTENTION, FusedSelfAttention, register_squant_attention
 from .compiler import CompileConfig, cast_float_parts
 from .errors import SquantError
+from .files import atomic_directory
 from .hardware import cpu_features
 from .int8 import make_prepack_traceable
 from .qlinear import QuantLinear
 
 PACKAGE = "model.pt2"
 MANIFEST = "manifest.json"
+FORMAT = "squant-aoti"
+FORMAT_VERSION = 2  # 2: sha256, vocab_size, max_seq recorded
 # ISA features a package may need from the host, from the most to the least demanding
 REQUIRED_ISA = ("amx_int8", "amx_bf16", "avx512_vnni", "avx512_bf16", "avx512f", "avx2")
 
@@ -60,15 +73,29 @@ def export(
     tokenizer: Any = None,
     config: CompileConfig | None = None,
     dynamic_seq: bool = False,
+    *,
+    overwrite: bool = False,
 ) -> Path:
     """Build an AOTInductor package for the shapes of example_inputs (input_ids and
     attention_mask, [batch, seq]); with dynamic_seq, for any sequence length up to the
-    model's limit."""
+    model's limit. The directory is written atomically (squant.files): a failed or killed
+    export leaves a previous package intact."""
     config = config or CompileConfig()
     if "input_ids" not in example_inputs or "attention_mask" not in example_inputs:
         raise SquantError("example_inputs needs input_ids and attention_mask")
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    with atomic_directory(directory, MANIFEST, overwrite=overwrite) as tmp:
+        _export_into(model, tmp, example_inputs, tokenizer, config, dynamic_seq)
+    return Path(directory) / PACKAGE
+
+
+def _export_into(
+    model: nn.Module,
+    directory: Path,
+    example_inputs: Mapping[str, Tensor],
+    tokenizer: Any,
+    config: CompileConfig,
+    dynamic_seq: bool,
+) -> None:
     dtype = config.resolved_dtype()
     work = copy.deepcopy(model).eval()
     if dtype != torch.float32:
@@ -93,14 +120,15 @@ def export(
             )
         except Exception as e:  # export failures are long traces; keep the first line
             raise SquantError(f"torch.export failed: {str(e).strip().splitlines()[0][:300]}") from e
-        package = torch._inductor.aoti_compile_and_package(
+        torch._inductor.aoti_compile_and_package(
             program,
             package_path=str(directory / PACKAGE),
             inductor_configs={"freezing": True},
         )
     cpu = cpu_features()
     manifest = {
-        "format": "squant-aoti",
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
         "squant_version": __version__,
         "torch_version": torch.__version__,
         "model_class": type(model).__name__,
@@ -112,13 +140,23 @@ def export(
         "batch": int(inputs[0].shape[0]),
         "seq": None if dynamic_seq else int(inputs[0].shape[1]),
         "dynamic_seq": dynamic_seq,
+        "max_seq": _max_positions(work) if dynamic_seq else int(inputs[0].shape[1]),
+        "vocab_size": int(model.config.vocab_size),
+        "sha256": _sha256(directory / PACKAGE),
         "built_on": {"cpu": cpu.model_name, "isa": list(cpu.isa), "int8_path": cpu.int8_path},
         "requires_isa": [f for f in REQUIRED_ISA if cpu.has(f)],
     }
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2))
     if tokenizer is not None:
         tokenizer.save_pretrained(str(directory))
-    return Path(package)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def _max_positions(model: nn.Module) -> int:
@@ -127,8 +165,8 @@ def _max_positions(model: nn.Module) -> int:
     return max_positions(model)
 
 
-def load_exported(directory: str | Path, num_runners: int = 1) -> Any:
-    """The package's runner, after checking this host has the ISA it was built for.
+def load_exported(directory: str | Path, num_runners: int = 1) -> ExportedModel:
+    """The package's runner behind every check listed in this module's docstring.
 
     num_runners: how many calls may run at once (one per serving thread); the runners share
     one copy of the weights."""
@@ -136,14 +174,143 @@ def load_exported(directory: str | Path, num_runners: int = 1) -> Any:
     manifest_path = directory / MANIFEST
     if not (directory / PACKAGE).is_file() or not manifest_path.is_file():
         raise SquantError(f"{directory} is not a squant export ({PACKAGE} and {MANIFEST} needed)")
-    try:
-        manifest = json.loads(manifest_path.read_text())
-    except json.JSONDecodeError as e:
-        raise SquantError(f"{manifest_path} is corrupt ({e})") from None
+    manifest = read_manifest(manifest_path)
     check_host(manifest)
+    check_package(directory / PACKAGE, manifest["sha256"])
     from torch._inductor.package import load_package
 
-    return load_package(str(directory / PACKAGE), num_runners=num_runners)
+    try:
+        runner = load_package(str(directory / PACKAGE), num_runners=num_runners)
+    except Exception as e:  # torch raises RuntimeError/OSError/... with long native traces
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        raise SquantError(f"cannot load {directory / PACKAGE}: {first}") from None
+    return ExportedModel(runner, manifest)
+
+
+def _typed(manifest: dict[str, Any], key: str, kind: type | tuple[type, ...], where: Path) -> Any:
+    value = manifest.get(key)
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise SquantError(f"{where}: field {key!r} is missing or has the wrong type")
+    return value
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """manifest.json, checked: format, version, torch version, and every field's type."""
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise SquantError(f"{path} is corrupt ({e})") from None
+    except RecursionError:
+        raise SquantError(f"{path} is nested too deeply to be a manifest") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise SquantError(f"{path} is not a squant export manifest")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise SquantError(
+            f"{path}: format version {manifest.get('format_version')!r}, this squant reads "
+            f"{FORMAT_VERSION}; export the model again"
+        )
+    built = _typed(manifest, "torch_version", str, path)
+    if built.split("+")[0] != torch.__version__.split("+")[0]:
+        raise SquantError(
+            f"{path}: built with torch {built}, this is torch {torch.__version__}; AOTInductor "
+            "packages run only on the torch that built them: export again here"
+        )
+    isa = _typed(manifest, "requires_isa", list, path)
+    if not all(isinstance(f, str) and f in REQUIRED_ISA for f in isa):
+        raise SquantError(f"{path}: requires_isa must list names from {REQUIRED_ISA}")
+    batch = _typed(manifest, "batch", int, path)
+    max_seq = _typed(manifest, "max_seq", int, path)
+    vocab = _typed(manifest, "vocab_size", int, path)
+    dynamic = _typed(manifest, "dynamic_seq", bool, path)
+    seq = manifest.get("seq")
+    if dynamic != (seq is None) or not (seq is None or isinstance(seq, int)):
+        raise SquantError(f"{path}: seq and dynamic_seq disagree")
+    if min(batch, max_seq, vocab) < 1:
+        raise SquantError(f"{path}: batch, max_seq and vocab_size must be >= 1")
+    sha = _typed(manifest, "sha256", str, path)
+    if len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
+        raise SquantError(f"{path}: sha256 is not a SHA-256 hex digest")
+    return manifest
+
+
+def check_package(path: Path, sha256: str) -> None:
+    """The archive is the one exported (hash), and extracting it cannot write outside its
+    own folder: relative member names under one root, no `..`, no links or devices."""
+    if _sha256(path) != sha256:
+        raise SquantError(
+            f"{path} does not match the SHA-256 in the manifest: it changed after export "
+            "(corrupt or tampered); export it again"
+        )
+    try:
+        with zipfile.ZipFile(path) as z:
+            infos = z.infolist()
+    except (zipfile.BadZipFile, OSError) as e:
+        raise SquantError(f"{path} is not a valid package ({e})") from None
+    if not infos:
+        raise SquantError(f"{path} is an empty archive")
+    root = infos[0].filename.split("/")[0]
+    for info in infos:
+        name = info.filename
+        parts = name.split("/")
+        kind = (info.external_attr >> 16) & 0o170000
+        if (
+            name.startswith(("/", "\\"))
+            or "\\" in name
+            or ":" in parts[0]
+            or parts[0] != root
+            or any(p in ("..", ".") for p in parts)
+            or "" in parts[:-1]
+            or kind not in (0, 0o100000, 0o040000)  # plain files and folders only
+        ):
+            raise SquantError(f"{path}: unsafe archive member {name!r}; refusing to load it")
+
+
+class ExportedModel:
+    """Calls an AOTInductor package with checked inputs; returns its tuple of tensors.
+
+    runner(input_ids, attention_mask): [batch, seq] integer tensors, batch and seq as exported
+    (seq anywhere in [2, max_seq] for a dynamic_seq package), token ids in [0, vocab)."""
+
+    def __init__(self, runner: Any, manifest: dict[str, Any]) -> None:
+        self.runner = runner
+        self.manifest = manifest
+
+    def _check(self, name: str, t: Any) -> Tensor:
+        m = self.manifest
+        if not isinstance(t, Tensor):
+            raise SquantError(f"{name} must be a tensor, got {type(t).__name__}")
+        if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+            raise SquantError(f"{name} must hold integers, got {t.dtype}")
+        if t.dim() != 2:
+            raise SquantError(f"{name} must be [batch, seq], got shape {tuple(t.shape)}")
+        batch, seq = t.shape
+        if batch != m["batch"]:
+            raise SquantError(
+                f"{name}: this package was exported for batch {m['batch']}, got {batch}"
+            )
+        if m["dynamic_seq"]:
+            if not 2 <= seq <= m["max_seq"]:
+                raise SquantError(f"{name}: sequence length {seq} outside [2, {m['max_seq']}]")
+        elif seq != m["seq"]:
+            raise SquantError(
+                f"{name}: this package was exported for sequence length {m['seq']}, got {seq}"
+            )
+        return t.to(torch.int64).contiguous()
+
+    def __call__(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, ...]:
+        ids = self._check("input_ids", input_ids)
+        mask = self._check("attention_mask", attention_mask)
+        if ids.shape != mask.shape:
+            raise SquantError(
+                f"input_ids {tuple(ids.shape)} and attention_mask {tuple(mask.shape)} differ"
+            )
+        if int(ids.min()) < 0 or int(ids.max()) >= self.manifest["vocab_size"]:
+            raise SquantError(
+                f"input_ids outside [0, {self.manifest['vocab_size']}): wrong tokenizer?"
+            )
+        if not bool(((mask == 0) | (mask == 1)).all()):
+            raise SquantError("attention_mask must hold only 0 and 1")
+        return tuple(self.runner(ids, mask))
 
 
 def check_host(manifest: dict[str, Any]) -> None:

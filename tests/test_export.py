@@ -89,3 +89,108 @@ def test_dynamic_sequence_length_package(tmp_path):
             ref = q(**x).logits
         out = runner(x["input_ids"], x["attention_mask"])[0]
         torch.testing.assert_close(out, ref, rtol=1e-3, atol=1e-3 * float(ref.abs().max()))
+
+
+# --- trust: what load_exported checks before torch sees the package -----------------------
+
+
+def _copy_export(exported, tmp_path):
+    import shutil
+
+    directory = exported[0]
+    dst = tmp_path / "deploy"
+    shutil.copytree(directory, dst)
+    return dst
+
+
+def _rewrite_manifest(directory, **changes):
+    path = directory / MANIFEST
+    manifest = json.loads(path.read_text())
+    manifest.update(changes)
+    path.write_text(json.dumps(manifest))
+
+
+def _rehash(directory):
+    from squant.export import _sha256
+
+    _rewrite_manifest(directory, sha256=_sha256(directory / "model.pt2"))
+
+
+def test_zip_slip_member_is_refused_and_nothing_is_written_outside(exported, tmp_path):
+    import zipfile
+
+    deploy = _copy_export(exported, tmp_path)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    with zipfile.ZipFile(deploy / "model.pt2", "a") as z:
+        z.writestr(f"model/data/aotinductor/model/../../../../{victim.name}", "overwritten")
+    _rehash(deploy)  # the attacker also fixed the manifest: the member check must catch it
+    with pytest.raises(SquantError, match="unsafe archive member"):
+        squant.load_exported(deploy)
+    assert victim.read_text() == "precious"
+
+
+def test_a_package_changed_after_export_is_refused(exported, tmp_path):
+    deploy = _copy_export(exported, tmp_path)
+    with (deploy / "model.pt2").open("ab") as f:
+        f.write(b"\0")
+    with pytest.raises(SquantError, match="SHA-256"):
+        squant.load_exported(deploy)
+
+
+@pytest.mark.parametrize("content", [b"", b"random bytes, not a zip", "truncate"])
+def test_corrupt_package_is_one_clear_error(exported, tmp_path, content):
+    deploy = _copy_export(exported, tmp_path)
+    package = deploy / "model.pt2"
+    data = package.read_bytes()
+    package.write_bytes(data[: len(data) // 2] if content == "truncate" else content)
+    _rehash(deploy)
+    with pytest.raises(SquantError, match="not a valid package|empty archive|cannot load"):
+        squant.load_exported(deploy)
+
+
+@pytest.mark.parametrize(
+    ("manifest", "message"),
+    [
+        ("[1, 2]", "not a squant export manifest"),
+        (b"\xff\xfe\x00", "corrupt"),
+        ({"requires_isa": None}, "requires_isa"),
+        ({"requires_isa": "avx2"}, "requires_isa"),
+        ({"requires_isa": ["rm -rf"]}, "requires_isa must list"),
+        ({"torch_version": "1.0.0"}, "built with torch 1.0.0"),
+        ({"format_version": None}, "format version"),
+        ({"batch": "4"}, "'batch'"),
+        ({"seq": None}, "seq and dynamic_seq disagree"),
+        ({"sha256": "abc"}, "not a SHA-256"),
+    ],
+)
+def test_malformed_manifest_is_one_clear_error(exported, tmp_path, manifest, message):
+    deploy = _copy_export(exported, tmp_path)
+    if isinstance(manifest, dict):
+        _rewrite_manifest(deploy, **manifest)
+    else:
+        data = manifest if isinstance(manifest, bytes) else manifest.encode()
+        (deploy / MANIFEST).write_bytes(data)
+    with pytest.raises(SquantError, match=message):
+        squant.load_exported(deploy)
+
+
+def test_the_runner_checks_its_inputs(exported):
+    directory, inputs, expected, _ = exported  # exported for [4, 12]
+    runner = squant.load_exported(directory)
+    ids, mask = inputs["input_ids"], inputs["attention_mask"]
+    out = runner(ids.to(torch.int32), mask.to(torch.int32))  # int32 is widened, not misread
+    torch.testing.assert_close(out[0], expected, rtol=1e-3, atol=1e-3 * float(expected.abs().max()))
+    cases = [
+        ((ids.repeat(1, 4)[:, :40], mask.repeat(1, 4)[:, :40]), "sequence length 12, got 40"),
+        ((ids[:0], mask[:0]), "batch 4, got 0"),
+        ((ids[:1], mask[:1]), "batch 4, got 1"),
+        ((ids.float(), mask), "must hold integers"),
+        ((ids[0], mask[0]), r"must be \[batch, seq\]"),
+        ((ids + 10_000, mask), "outside"),
+        ((ids, mask * 3), "only 0 and 1"),
+        (("ids", mask), "must be a tensor"),
+    ]
+    for args, message in cases:
+        with pytest.raises(SquantError, match=message):
+            runner(*args)
