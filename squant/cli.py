@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import sys
+from typing import NoReturn
 
 from .commands import analyze, bench, evaluate, quantize, tune
 from .errors import SquantError
@@ -19,9 +20,17 @@ COMMANDS = {
 }
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (`squant CMD: error: ...`) and exit code 2,
+    like every other squant error; --help still prints the full usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="squant", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = OneLineParser(prog="squant", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     for name, command in COMMANDS.items():
         command.add_arguments(sub.add_parser(name, help=command.HELP, description=command.HELP))
     return parser
@@ -36,7 +45,10 @@ def main(argv: list[str] | None = None) -> int:
     import transformers
 
     transformers.utils.logging.disable_progress_bar()  # squant shows its own progress
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # --help (0) or a usage error (2), already printed
+        return int(e.code or 0)
     try:
         COMMANDS[args.command].run(args)
     except SquantError as e:

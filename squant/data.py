@@ -59,6 +59,8 @@ def read_texts(path: str | Path, limit: int | None = None) -> list[Text]:
                         record = json.loads(line)
                     except json.JSONDecodeError as e:
                         raise SquantError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+                    except RecursionError:
+                        raise SquantError(f"{path}:{n}: JSON nested too deeply") from None
                     text = _from_record(record, f"{path}:{n}")
                 elif "\t" in line:
                     a, b = line.split("\t", 1)
@@ -85,14 +87,19 @@ def tokenize(
         raise SquantError(f"batch size must be >= 1, got {batch_size}")
     if max_length < 2:
         raise SquantError(f"max length must be >= 2, got {max_length}")
+    pairs = [isinstance(t, tuple) for t in texts]
+    if len(set(pairs)) > 1:
+        first_odd = pairs.index(not pairs[0])
+        raise SquantError(
+            f"calibration texts mix single sentences and pairs (text {first_odd + 1} differs "
+            "from the first); give one kind"
+        )
     batches = []
     special = set(getattr(tokenizer, "all_special_ids", []) or [])
     for i in range(0, len(texts), batch_size):
         chunk = texts[i : i + batch_size]
         kwargs = {"padding": True, "truncation": True, "max_length": max_length}
         if isinstance(chunk[0], tuple):
-            if not all(isinstance(t, tuple) for t in chunk):
-                raise SquantError("calibration texts mix single sentences and pairs")
             first, second = zip(*chunk, strict=True)
             enc = tokenizer(list(first), list(second), return_tensors="pt", **kwargs)
         else:

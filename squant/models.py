@@ -78,15 +78,40 @@ def load_model(path: str | Path, task: str = "auto") -> nn.Module:
         raise SquantError(f"{path} has no weights ({' or '.join(WEIGHT_FILES[::2])})")
     cls = model_class(config, task)
     try:
-        model = cls.from_pretrained(str(path), dtype=torch.float32, local_files_only=True)
+        model, info = cls.from_pretrained(
+            str(path), dtype=torch.float32, local_files_only=True, output_loading_info=True
+        )
     except (OSError, ValueError, RuntimeError, KeyError, safetensors.SafetensorError) as e:
         raise SquantError(f"cannot load weights from {path}: {_first_line(e)}") from None
+    missing = sorted(info.get("missing_keys") or [])
+    if missing and model.base_model is not model:
+        # transformers would fill a missing head with random weights: scores from it are noise
+        raise SquantError(
+            f"{path} has no trained weights for {cls.__name__} (missing {', '.join(missing[:3])}"
+            f"{' ...' if len(missing) > 3 else ''}); its head would be random: use a checkpoint "
+            "fine-tuned for this task"
+        )
     return model.eval()
+
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "vocab.txt",
+    "vocab.json",
+    "sentencepiece.bpe.model",
+    "spiece.model",
+    "tokenizer.model",
+)
 
 
 def load_tokenizer(path: str | Path) -> Any:
     """The tokenizer saved in a checkpoint (or in a directory written by squant.save)."""
     path = _check_dir(path, need_config=False)
+    if not any((path / f).is_file() for f in TOKENIZER_FILES):
+        raise SquantError(
+            f"{path} has no tokenizer files ({', '.join(TOKENIZER_FILES)}); copy the "
+            "checkpoint's tokenizer into it (tokenizer.save_pretrained)"
+        )
     try:
         return transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError, KeyError, TypeError) as e:

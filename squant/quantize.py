@@ -179,7 +179,13 @@ def _prepare(
         model = copy.deepcopy(model)
     model.eval()
     fuse_attention(model, layout)
-    sites = [s for s in find_sites(model, layout) if not _excluded(s.name, exclude)]
+    all_sites = find_sites(model, layout)
+    sites = [s for s in all_sites if not _excluded(s.name, exclude)]
+    if not sites:
+        raise SquantError(
+            f"exclude={list(exclude)} matches all {len(all_sites)} quantizable linears: nothing "
+            f"left to quantize (names look like {all_sites[0].name!r})"
+        )
     return model, layout, sites, batches
 
 

@@ -73,3 +73,144 @@ def test_corrupt_checkpoint_weights(tiny_checkpoint, calib_jsonl, tmp_path, caps
     )
     assert code == 2
     assert "cannot load weights" in capsys.readouterr().err
+
+
+def _one_line_error(capsys, code, command, message):
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert err.startswith(f"squant {command}: error:"), err
+    assert message in err, err
+    assert "\n" not in err, err
+
+
+def test_quantize_never_overwrites_its_source(tiny_checkpoint, calib_jsonl, capsys):
+    before = {p.name: p.read_bytes() for p in tiny_checkpoint.iterdir()}
+    for out in (tiny_checkpoint, tiny_checkpoint.parent):
+        code = main(
+            [
+                "quantize",
+                str(tiny_checkpoint),
+                "--calib",
+                str(calib_jsonl),
+                "--out",
+                str(out),
+                "--overwrite",
+            ]
+        )
+        _one_line_error(capsys, code, "quantize", "overlaps the input")
+    assert {p.name: p.read_bytes() for p in tiny_checkpoint.iterdir()} == before
+
+
+def test_quantize_into_a_foreign_directory_needs_overwrite(
+    tiny_checkpoint, calib_jsonl, tmp_path, capsys
+):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    args = ["quantize", str(tiny_checkpoint), "--calib", str(calib_jsonl), "--out", str(out)]
+    _one_line_error(capsys, main(args), "quantize", "not written by squant")
+    assert (out / "notes.txt").read_text() == "keep me"
+    assert main([*args, "--overwrite"]) == 0
+    assert (out / "squant.json").is_file() and not (out / "notes.txt").exists()
+    assert main(args) == 0  # a directory squant wrote may be replaced without --overwrite
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--max-length", "0"], "expected an integer >= 1, got 0"),
+        (["--batch-size", "-1"], "expected an integer >= 1"),
+        (["--exclude", "*"], "nothing left to quantize"),
+        (["--out", "{file}/sub"], "is a file, not a directory"),
+        (["--out", "{file}"], "exists and is not a directory"),
+    ],
+)
+def test_quantize_bad_options_fail_before_any_work(
+    tiny_checkpoint, calib_jsonl, tmp_path, capsys, extra, message
+):
+    file = tmp_path / "a-file"
+    file.write_text("x")
+    extra = [e.format(file=file) for e in extra]
+    out = ["--out", str(tmp_path / "o")] if "--out" not in extra else []
+    code = main(["quantize", str(tiny_checkpoint), "--calib", str(calib_jsonl), *out, *extra])
+    _one_line_error(capsys, code, "quantize", message)
+    assert not (tmp_path / "o").exists()
+    assert file.read_text() == "x"
+
+
+def test_quantize_without_tokenizer_files_says_so(tiny_checkpoint, calib_jsonl, tmp_path, capsys):
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (bare / name).write_bytes((tiny_checkpoint / name).read_bytes())
+    code = main(["quantize", str(bare), "--calib", str(calib_jsonl), "--out", str(tmp_path / "o")])
+    _one_line_error(capsys, code, "quantize", "has no tokenizer files")
+
+
+def test_calibration_mixing_texts_and_pairs_is_refused(tiny_checkpoint, tmp_path, capsys):
+    calib = tmp_path / "mixed.jsonl"
+    calib.write_text('{"text": "the cat sat"}\n{"premise": "a dog", "hypothesis": "a cat"}\n')
+    out = str(tmp_path / "o")
+    code = main(["quantize", str(tiny_checkpoint), "--calib", str(calib), "--out", out])
+    _one_line_error(capsys, code, "quantize", "mix single sentences and pairs (text 2")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--duration", "0"], "--duration: expected a finite number > 0"),
+        (["--duration", "-5"], "--duration"),
+        (["--duration", "nan"], "--duration"),
+        (["--batch", "0"], "--batch: expected an integer >= 1, got 0"),
+        (["--seq", "0"], "--seq"),
+        (["--instances", "0"], "--instances"),
+        (["--cores-per-instance", "0"], "--cores-per-instance"),
+        (["--seq", "100000"], "exceeds the model's 512 positions"),
+    ],
+)
+def test_bench_bad_numbers_are_one_line(capsys, args, message):
+    code = main(["bench", "distilbert-base-uncased", "--variants", "fp32", *args])
+    _one_line_error(capsys, code, "bench", message)
+
+
+def _squad(tmp_path, qas, name="squad.json"):
+    import json
+
+    data = {"data": [{"paragraphs": [{"context": "the cat sat on the mat .", "qas": qas}]}]}
+    path = tmp_path / name
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_eval_refuses_data_it_would_score_wrongly(tiny_checkpoint, tmp_path, capsys):
+    qa = {"question": "where did the cat sit", "answers": [{"text": "the mat"}]}
+    dup = _squad(tmp_path, [{**qa, "id": "q1"}, {**qa, "id": "q1"}] * 100)
+    code = main(["eval", str(tiny_checkpoint), "--task", "squad", "--data", str(dup)])
+    _one_line_error(capsys, code, "eval", "question id 'q1' appears twice")
+    # the tiny checkpoint is a classifier: it has no trained QA head to score SQuAD with
+    ok = _squad(tmp_path, [{**qa, "id": f"q{i}"} for i in range(200)], "ok.json")
+    code = main(["eval", str(tiny_checkpoint), "--task", "squad", "--data", str(ok)])
+    _one_line_error(capsys, code, "eval", "no trained weights for BertForQuestionAnswering")
+    rows = ['{"sentence1": "a cat", "sentence2": "a dog", "gold_label": "0"}'] * 200
+    rows.insert(3, '{"sentence1": "a cat", "gold_label": "1"}')
+    mnli = tmp_path / "mnli.jsonl"
+    mnli.write_text("\n".join(rows) + "\n")
+    code = main(["eval", str(tiny_checkpoint), "--task", "mnli", "--data", str(mnli)])
+    _one_line_error(capsys, code, "eval", "mnli.jsonl:4: expected a sentence pair")
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        ("list.jsonl", b'["sentence1", "sentence2"]\n', "expected a JSON object, got list"),
+        ("deep.jsonl", b"[" * 50_000 + b"]" * 50_000 + b"\n", "nested too deeply"),
+        ("binary.tsv", b"sentence\tlabel\n\xff\xfe\x00\x81\tx\n", "not UTF-8"),
+        ("deep.json", b"[" * 50_000 + b"]" * 50_000, "nested too deeply"),
+    ],
+)
+def test_eval_malformed_data_is_one_line(tiny_checkpoint, tmp_path, capsys, name, content, message):
+    path = tmp_path / name
+    path.write_bytes(content)
+    task = "squad" if name.endswith(".json") else "glue"
+    code = main(["eval", str(tiny_checkpoint), "--task", task, "--data", str(path)])
+    _one_line_error(capsys, code, "eval", message)

@@ -41,7 +41,9 @@ def test_missing_file(tmp_path):
 
 def test_text_that_tokenizes_to_nothing_is_refused(tiny_checkpoint):
     tok = transformers.AutoTokenizer.from_pretrained(str(tiny_checkpoint))
-    batches = tokenize(tok, ["the cat", ("a dog", "runs")], batch_size=1, max_length=16)
+    batches = tokenize(tok, [("the cat", "sat"), ("a dog", "runs")], batch_size=1, max_length=16)
     assert len(batches) == 2
+    with pytest.raises(SquantError, match="mix single sentences and pairs"):
+        tokenize(tok, ["the cat", ("a dog", "runs")], batch_size=1, max_length=16)
     with pytest.raises(SquantError, match="nothing but special tokens"):
         tokenize(tok, ["\u2603\u2603", "\u2603"], batch_size=2)

@@ -145,7 +145,7 @@ def test_corrupt_package_is_one_clear_error(exported, tmp_path, content):
     data = package.read_bytes()
     package.write_bytes(data[: len(data) // 2] if content == "truncate" else content)
     _rehash(deploy)
-    with pytest.raises(SquantError, match="not a valid package|empty archive|cannot load"):
+    with pytest.raises(SquantError, match=r"not a valid package|empty archive|cannot load"):
         squant.load_exported(deploy)
 
 

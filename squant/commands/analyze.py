@@ -8,16 +8,18 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SquantError
-from .common import load_any
+from .common import load_any, positive_int
 
 HELP = "hardware ceilings, roofline and hotspots of a model"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="checkpoint directory or built-in config name (random weights)")
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--seq", type=int, default=256)
-    p.add_argument("--threads", type=int, default=None, help="default: all of this process's")
+    p.add_argument("--batch", type=positive_int, default=1)
+    p.add_argument("--seq", type=positive_int, default=256)
+    p.add_argument(
+        "--threads", type=positive_int, default=None, help="default: all of this process's"
+    )
     p.add_argument("--bench", default=None, help="bench JSON for the realized-vs-ceiling table")
     p.add_argument("--hotspots", default="bf16,static", help="variants to profile ('' = none)")
     p.add_argument("--json", default=None)

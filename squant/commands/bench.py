@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SquantError
-from .common import load_any
+from .common import load_any, positive_float, positive_int
 
 HELP = "throughput/latency of variants, multi-instance"
 
@@ -19,13 +19,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="fp32,bf16,static,dynamic",
         help="comma list of fp32, bf16, static, dynamic, static-pt2, dynamic-pt2 (AOTInductor)",
     )
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--seq", type=int, default=256)
-    p.add_argument("--instances", type=int, default=None, help="default: cores / C")
+    p.add_argument("--batch", type=positive_int, default=1)
+    p.add_argument("--seq", type=positive_int, default=256)
+    p.add_argument("--instances", type=positive_int, default=None, help="default: cores / C")
     p.add_argument(
-        "--cores-per-instance", type=int, default=None, help="default: 4 (fewer on small hosts)"
+        "--cores-per-instance",
+        type=positive_int,
+        default=None,
+        help="default: 4 (fewer on small hosts)",
     )
-    p.add_argument("--duration", type=float, default=10.0, help="seconds of timed run per variant")
+    p.add_argument(
+        "--duration", type=positive_float, default=10.0, help="seconds of timed run per variant"
+    )
     p.add_argument("--json", default=None)
     p.add_argument("--png", default=None, help="throughput bar chart")
 
@@ -74,6 +79,10 @@ def run(args: argparse.Namespace) -> None:
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     placement = runner.plan(args.instances, args.cores_per_instance)
     model = load_any(args.model)
+    from ..mappings import max_positions
+
+    if args.seq > max_positions(model):
+        raise SquantError(f"--seq {args.seq} exceeds the model's {max_positions(model)} positions")
     inputs = random_inputs(model, args.batch, args.seq)
     calibration = random_calibration(model, seq=min(args.seq, 128))
     weights = (

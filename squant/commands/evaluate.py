@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import parse_alpha
+from .common import parse_alpha, positive_int
 
 HELP = "score FP32/BF16/INT8 variants of a checkpoint on a task"
 
@@ -20,11 +20,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--variants", default="fp32,static,dynamic", help="comma list: fp32,bf16,static,dynamic"
     )
     p.add_argument("--alpha", type=parse_alpha, default="auto")
-    p.add_argument("--limit", type=int, default=None, help="score only the first N examples")
+    p.add_argument(
+        "--limit", type=positive_int, default=None, help="score only the first N examples"
+    )
     p.add_argument("--calib", default=None, help="calibration texts (default: held-apart data)")
-    p.add_argument("--calib-size", type=int, default=128)
+    p.add_argument("--calib-size", type=positive_int, default=128)
     p.add_argument("--train", default=None, help="probe only: labelled pairs to fit the probe")
-    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--batch-size", type=positive_int, default=16)
     p.add_argument("--json", default=None, help="write the full record here")
 
 

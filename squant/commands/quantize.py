@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from ..errors import SquantError
-from .common import add_config_arguments, config_from_args
+from .common import add_config_arguments, config_from_args, positive_int
 
 HELP = "SmoothQuant INT8 a checkpoint and save it"
 
@@ -15,12 +15,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", help="local Hugging Face checkpoint directory")
     p.add_argument("--calib", required=True, help="calibration texts (.txt, .tsv or .jsonl)")
     p.add_argument("--out", required=True, help="output directory for the quantized model")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace --out even when it holds files squant did not write",
+    )
     p.add_argument("--task", default="auto", help="head to load (auto = the checkpoint's own)")
-    p.add_argument("--calib-size", type=int, default=256, help="texts used for calibration")
-    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument(
+        "--calib-size", type=positive_int, default=256, help="texts used for calibration"
+    )
+    p.add_argument("--batch-size", type=positive_int, default=16)
     p.add_argument(
         "--max-length",
-        type=int,
+        type=positive_int,
         default=None,
         help="tokens per calibration text (default: 128, or the model's limit if smaller)",
     )
@@ -29,13 +36,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> None:
     from .. import data, models
+    from ..files import check_output_dir
     from ..mappings import max_positions
     from ..quantize import quantize
-    from ..serialization import save
+    from ..serialization import CONFIG_FILE, save
 
     config = config_from_args(args)
-    if args.calib_size < 1:
-        raise SquantError(f"--calib-size must be >= 1, got {args.calib_size}")
+    models.load_config(args.checkpoint)  # a bad checkpoint is named before a bad --out
+    # every reason the output would be refused, found before minutes of calibration
+    check_output_dir(args.out, CONFIG_FILE, [args.checkpoint], args.overwrite)
     texts = data.read_texts(args.calib, limit=args.calib_size)
     model = models.load_model(args.checkpoint, args.task)
     limit = max_positions(model)
@@ -45,7 +54,9 @@ def run(args: argparse.Namespace) -> None:
     tokenizer = models.load_tokenizer(args.checkpoint)
     batches = data.tokenize(tokenizer, texts, args.batch_size, max_length)
     qmodel = quantize(model, config, batches, inplace=True)
-    out = save(qmodel, args.out, tokenizer=tokenizer)
+    out = save(
+        qmodel, args.out, tokenizer=tokenizer, overwrite=args.overwrite, protect=(args.checkpoint,)
+    )
     n = len(qmodel.squant_info["modules"])
     size = sum(f.stat().st_size for f in Path(out).glob("*.safetensors")) / 2**20
     print(

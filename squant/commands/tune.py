@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from ..errors import SquantError
+from .common import positive_int
 
 HELP = "pick mode/alpha (and float fallbacks) to stay within an accuracy-loss budget"
 
@@ -26,11 +26,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", required=True)
     p.add_argument("--train", default=None, help="probe only: labelled pairs to fit the probe")
     p.add_argument("--calib", default=None)
-    p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--limit", type=positive_int, default=None)
     p.add_argument(
         "--max-loss", type=_percent, default=0.5, help="relative loss budget, e.g. 0.5%%"
     )
-    p.add_argument("--max-fallback", type=int, default=12)
+    p.add_argument("--max-fallback", type=positive_int, default=12)
     p.add_argument(
         "--metric", default=None, help="metric the budget applies to (default: the task's first)"
     )
@@ -42,6 +42,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="also time each fallback step compiled, at batch 1 x SEQ tokens (0 = don't)",
     )
     p.add_argument("--out", required=True, help="directory for the chosen quantized model")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace --out even when it holds files squant did not write",
+    )
     p.add_argument(
         "--json", default=None, help="report of everything tried (default: OUT/tune.json)"
     )
@@ -70,18 +75,24 @@ def _speed_meter(model, seq: int):
 
 def run(args: argparse.Namespace) -> None:
     from ..eval.runner import prepare_task
+    from ..files import check_output_dir
     from ..models import load_tokenizer
     from ..report import format_table
-    from ..serialization import save
+    from ..serialization import CONFIG_FILE, save
     from ..tune import TuneConfig, tune
 
-    if args.limit is not None and args.limit < 1:
-        raise SquantError("--limit must be >= 1")
+    check_output_dir(args.out, CONFIG_FILE, [args.model], args.overwrite)
     task = prepare_task(args.model, args.task, args.data, args.limit, args.calib, args.train)
     config = TuneConfig(max_loss=args.max_loss, max_fallback=args.max_fallback, metric=args.metric)
     result = tune(task, config, _speed_meter(task.model, args.measure_speed))
     report = result["report"]
-    save(result["model"], args.out, tokenizer=load_tokenizer(args.model))
+    save(
+        result["model"],
+        args.out,
+        tokenizer=load_tokenizer(args.model),
+        overwrite=args.overwrite,
+        protect=(args.model,),
+    )
     path = Path(args.json) if args.json else Path(args.out) / "tune.json"
     path.write_text(json.dumps(report, indent=2))
     m = report["metric"]

@@ -46,9 +46,16 @@ def _records(path: Path):
             for n, line in enumerate(f, 1):
                 if line.strip():
                     try:
-                        yield n, json.loads(line)
+                        record = json.loads(line)
                     except json.JSONDecodeError as e:
                         raise SquantError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+                    except RecursionError:
+                        raise SquantError(f"{path}:{n}: JSON nested too deeply") from None
+                    if not isinstance(record, dict):
+                        raise SquantError(
+                            f"{path}:{n}: expected a JSON object, got {type(record).__name__}"
+                        )
+                    yield n, record
     elif path.suffix in (".tsv", ".txt"):
         with path.open(encoding="utf-8", newline="") as f:
             reader = csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
@@ -58,10 +65,23 @@ def _records(path: Path):
         raise SquantError(f"{path}: expected .jsonl or .tsv data")
 
 
-def read_labelled(path: str | Path, limit: int | None = None) -> list[LabelledText]:
+def read_labelled(
+    path: str | Path, limit: int | None = None, pairs: bool | None = None
+) -> list[LabelledText]:
+    """Labelled texts in file order. pairs: True = every row must be a pair (NLI), None = all
+    rows like the first; a row of the other kind is an error, never silently scored alone."""
     path = Path(path)
     if not path.is_file():
         raise SquantError(f"data file {path} does not exist")
+    try:
+        return _read_labelled(path, limit, pairs)
+    except UnicodeDecodeError as e:
+        raise SquantError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except csv.Error as e:
+        raise SquantError(f"{path} is not a readable TSV file ({e})") from None
+
+
+def _read_labelled(path: Path, limit: int | None, pairs: bool | None) -> list[LabelledText]:
     items: list[LabelledText] = []
     for n, rec in _records(path):
         first = _pick(rec, FIRST)
@@ -70,6 +90,13 @@ def read_labelled(path: str | Path, limit: int | None = None) -> list[LabelledTe
             wanted = f"a text field ({', '.join(FIRST)}) and a label ({', '.join(LABEL)})"
             raise SquantError(f"{path}:{n}: need {wanted}")
         second = _pick(rec, SECOND, exclude=first)
+        if pairs is None:
+            pairs = second is not None
+        if pairs != (second is not None):
+            kind = "a sentence pair" if pairs else "a single text (as the first row)"
+            raise SquantError(
+                f"{path}:{n}: expected {kind}; rows must not mix pairs and single texts"
+            )
         if str(rec[label]).strip() == "-":  # SNLI/MNLI: no annotator consensus
             continue
         items.append(

@@ -73,9 +73,9 @@ def _score_variants(
 
 
 def squad_task(model_dir, data, limit, calib, s: EvalSettings) -> Task:
+    examples, v2 = squad.read_squad(data)  # data errors first: they cost no model load
     model = load_model(model_dir, task="question-answering")
     tok = load_tokenizer(model_dir)
-    examples, v2 = squad.read_squad(data)
     scored, held = _hold_apart(examples, s.calib_size, calib is not None, limit)
     calib_texts = (
         read_texts(calib, limit=s.calib_size)
@@ -104,9 +104,10 @@ def squad_task(model_dir, data, limit, calib, s: EvalSettings) -> Task:
 
 
 def classification_task(model_dir, data, limit, calib, s: EvalSettings, name: str) -> Task:
+    # NLI is a pair task: a row missing its hypothesis is an error, not a single sentence
+    items = classify.read_labelled(data, pairs=True if name in ("mnli", "snli") else None)
     model = load_model(model_dir, task="sequence-classification")
     tok = load_tokenizer(model_dir)
-    items = classify.read_labelled(data)
     scored, held = _hold_apart(items, s.calib_size, calib is not None, limit)
     gold = classify.label_ids(scored, model.config)
     max_len = min(s.max_length, 128)

@@ -32,7 +32,10 @@ def read_squad(path: str | Path, limit: int | None = None) -> tuple[list[SquadEx
         data = json.loads(path.read_text(encoding="utf-8"))["data"]
     except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as e:
         raise SquantError(f"{path} is not a SQuAD JSON file ({type(e).__name__}: {e})") from None
+    except RecursionError:
+        raise SquantError(f"{path}: JSON nested too deeply to be SQuAD") from None
     examples: list[SquadExample] = []
+    seen: set[str] = set()
     v2 = False
     try:
         for article in data:
@@ -41,9 +44,16 @@ def read_squad(path: str | Path, limit: int | None = None) -> tuple[list[SquadEx
                     impossible = bool(qa.get("is_impossible", False))
                     v2 |= impossible
                     answers = () if impossible else tuple(a["text"] for a in qa["answers"])
-                    examples.append(
-                        SquadExample(str(qa["id"]), qa["question"], para["context"], answers)
-                    )
+                    qid = str(qa["id"])
+                    if qid in seen:
+                        raise SquantError(
+                            f"{path}: question id {qid!r} appears twice; scores are kept per id, "
+                            "so every question needs its own"
+                        )
+                    seen.add(qid)
+                    if not isinstance(qa["question"], str) or not isinstance(para["context"], str):
+                        raise SquantError(f"{path}: question {qid!r} has a non-text field")
+                    examples.append(SquadExample(qid, qa["question"], para["context"], answers))
                     if limit is not None and len(examples) >= limit:
                         return examples, v2
     except (KeyError, TypeError) as e:
