@@ -131,3 +131,19 @@ def test_attention_is_chosen_by_measurement(bert_static):
     timings = info["selection"]["attention_ms"]
     assert info["attention_used"] == min(timings, key=timings.get)
     assert info["selection"]["gemm:onednn"]["status"] == "ok"
+
+
+def test_the_guard_reads_real_tokens_not_padding():
+    from squant.compiler import agreement
+
+    torch.manual_seed(0)
+    ref = torch.randn(2, 6, 8)
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0]])
+    out = ref.clone()
+    out[1, 3:] = 100 * torch.randn(3, 8)  # padding positions: values nobody reads
+    assert agreement(ref, out, mask) == pytest.approx(1.0, abs=1e-6)
+    assert agreement(ref, out, None) < 0.5  # what the old, flattened guard saw
+    out[0, 0] = -ref[0, 0]  # a real token that disagrees still counts
+    assert agreement(ref, out, mask) < 0.99
+    logits = torch.randn(2, 3)  # per-sequence outputs are compared whole
+    assert agreement(logits, logits, mask) == pytest.approx(1.0, abs=1e-6)

@@ -36,3 +36,34 @@ def test_minilm_snli_probe_int8_within_half_a_point(minilm_dir):
     for mode in ("static", "dynamic"):
         assert abs(res[mode]["accuracy"] - res["fp32"]["accuracy"]) <= 0.5, res
         assert res[mode]["embedding_cosine"] > 0.995, res
+
+
+def test_default_compile_accepts_real_weights_with_padded_batches(minilm_dir):
+    """Upstream of this check, the default compile refused the real MiniLM on padded batches
+    (its guard counted padding positions). Real sentence pairs, 40% padding."""
+    import json
+
+    import torch
+
+    import squant
+    from squant.compiler import agreement, first_tensor
+    from squant.models import load_model, load_tokenizer
+
+    model, tok = load_model(minilm_dir, task="base"), load_tokenizer(minilm_dir)
+    lines = (SNLI / "snli_1.0_train_subset.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines[-400:]]
+    sents = [r["sentence1"] for r in rows[:128]]
+    calib = [tok(sents[i : i + 16], padding=True, return_tensors="pt") for i in range(0, 128, 16)]
+    batch = tok(
+        [r["sentence1"] + " " + r["sentence2"] for r in rows[300:316]],
+        padding=True,
+        return_tensors="pt",
+    )
+    assert float(batch["attention_mask"].float().mean()) < 0.8  # really padded
+    for mode in ("static", "dynamic"):
+        q = squant.quantize(model, squant.SmoothQuantConfig(mode=mode), calib, progress=False)
+        torch._dynamo.reset()
+        compiled = squant.compile(q, squant.CompileConfig(), batch)  # raises if refused
+        with torch.no_grad():
+            ref, out = first_tensor(q(**batch)), first_tensor(compiled(**batch))
+        assert agreement(ref, out, batch["attention_mask"]) >= 0.999
