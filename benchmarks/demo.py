@@ -66,6 +66,7 @@ def main() -> None:
                 f"{r['accuracy']:.2f}",
                 f"{r['accuracy'] - fp32['accuracy']:+.2f}" if fp32 else None,
                 f"{r['embedding_cosine']:.5f}",
+                f"{r['cosine_min']:.4f}",
                 f"{r['sentences_per_second']:.0f}",
                 f"{r['sentences_per_second'] / fp32['sentences_per_second']:.2f}x"
                 if fp32
@@ -79,7 +80,8 @@ def main() -> None:
     )
     print(
         format_table(
-            ["variant", "accuracy %", "vs fp32", "emb. cosine", "sent/s", "speed vs fp32"], rows
+            ["variant", "accuracy %", "vs fp32", "emb. cosine", "worst", "sent/s", "speed vs fp32"],
+            rows,
         )
     )
     result["machine"] = {"cpu": platform.processor() or platform.machine(), "threads": args.threads}

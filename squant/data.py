@@ -79,10 +79,39 @@ def read_texts(path: str | Path, limit: int | None = None) -> list[Text]:
     return texts
 
 
+def coverage_texts(texts: list[Text]) -> tuple[list[Text], list[str]]:
+    """Inputs unlike ordinary calibration sentences that serving meets every day: an empty
+    text (special tokens only) and texts cut to 1-5 words; and the texts packed end to end
+    into long documents. Static INT8 calibrated on short sentences alone lost up to 0.3 of
+    embedding cosine on such inputs (real MiniLM; benchmarks/stress.py)."""
+
+    def cut(t: str, n: int) -> str:
+        return " ".join(t.split()[:n])
+
+    firsts = [t[0] if isinstance(t, tuple) else t for t in texts]
+    lengths = (0, 1, 1, 2, 3, 5)
+    if isinstance(texts[0], tuple):
+        short: list[Text] = [
+            (cut(a, n), cut(b, n)) for (a, b), n in zip(texts * 6, lengths, strict=False)
+        ]
+    else:
+        short = [cut(t, n) for t, n in zip(firsts * 6, lengths, strict=False)]
+    packed = " ".join(firsts)
+    return short, [packed, " ".join(reversed(firsts))]
+
+
 def tokenize(
-    tokenizer: Any, texts: list[Text], batch_size: int = 8, max_length: int = 128
+    tokenizer: Any,
+    texts: list[Text],
+    batch_size: int = 8,
+    max_length: int = 128,
+    coverage_length: int | None = None,
 ) -> list[dict[str, Any]]:
-    """Batches of tokenizer outputs (padded per batch, truncated to max_length)."""
+    """Batches of tokenizer outputs (padded per batch, truncated to max_length).
+
+    coverage_length: also add the inputs of coverage_texts(): a batch of very short and empty
+    inputs, and two long documents packed from the texts, truncated at coverage_length (the
+    longest sequence serving will see), so calibration sees every length it will meet."""
     if batch_size < 1:
         raise SquantError(f"batch size must be >= 1, got {batch_size}")
     if max_length < 2:
@@ -105,6 +134,19 @@ def tokenize(
         else:
             enc = tokenizer(list(chunk), return_tensors="pt", **kwargs)
         batches.append(dict(enc))
+    if coverage_length is not None and texts:
+        short, docs = coverage_texts(texts)
+        kwargs = {"padding": True, "truncation": True, "max_length": max_length}
+        if isinstance(short[0], tuple):
+            first, second = zip(*short, strict=True)
+            batches.append(
+                dict(tokenizer(list(first), list(second), return_tensors="pt", **kwargs))
+            )
+        else:
+            batches.append(dict(tokenizer(short, return_tensors="pt", **kwargs)))
+        for doc in docs:
+            enc = tokenizer([doc], truncation=True, max_length=coverage_length, return_tensors="pt")
+            batches.append(dict(enc))
     real = 0
     for b in batches:
         ids, mask = b["input_ids"], b.get("attention_mask")

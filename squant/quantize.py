@@ -33,8 +33,6 @@ from .mappings import EncoderLayout, fusable_activation, layout_for
 from .qlinear import QuantLinear, SmoothedLinear
 from .smooth import search_alpha, smoothing_factors, weight_channel_absmax
 
-SITE_KINDS = ("qkv", "attn_out", "ffn_in", "ffn_out")
-
 
 @dataclass(frozen=True)
 class Site:
@@ -49,6 +47,23 @@ def encoder_layers(model: nn.Module, layout: EncoderLayout) -> tuple[str, nn.Mod
     base = model.base_model
     prefix = "" if base is model else f"{model.base_model_prefix}."
     return f"{prefix}{layout.layers}", base.get_submodule(layout.layers)
+
+
+def calibration_coverage(batches: list[dict[str, Tensor]]) -> dict[str, int]:
+    """What the calibration saw (sequences, real tokens, shortest and longest sequence),
+    recorded with the model: static ranges hold only for inputs like these."""
+    lengths: list[int] = []
+    for b in batches:
+        ids = b["input_ids"]
+        mask = b.get("attention_mask")
+        real = mask.sum(dim=1) if mask is not None else torch.full((ids.shape[0],), ids.shape[1])
+        lengths += [int(n) for n in real]
+    return {
+        "sequences": len(lengths),
+        "tokens": sum(lengths),
+        "min_length": min(lengths),
+        "max_length": max(lengths),
+    }
 
 
 def fuse_attention(model: nn.Module, layout: EncoderLayout) -> None:
@@ -94,13 +109,13 @@ def fixed_alpha(alpha: float | Mapping[str, float]) -> AlphaChooser:
     return lambda _site, _linear: float(alpha)
 
 
-def searched_alpha(stats: Mapping[str, SiteStats], mode: str) -> AlphaChooser:
+def searched_alpha(stats: Mapping[str, SiteStats], config: SmoothQuantConfig) -> AlphaChooser:
     """Per site, the alpha with the smallest int8 output error on its token sample."""
 
     def choose(site: Site, linear: nn.Linear) -> float:
         st = stats[site.name]
         best, _errors = search_alpha(
-            st.sample.rows, linear.weight, st.range.min, st.range.max, mode
+            st.sample.rows, linear.weight, st.range.min, st.range.max, config.mode_for(site.kind)
         )
         return best
 
@@ -228,18 +243,19 @@ def quantize(
     auto = config.alpha == "auto"
     sample = config.search_tokens if auto else 0
     stats = _observe(model, names, lambda: SiteStats(sample), batches, "calibrating", progress)
-    chooser = searched_alpha(stats, config.mode) if auto else fixed_alpha(config.alpha)
+    chooser = searched_alpha(stats, config) if auto else fixed_alpha(config.alpha)
     multipliers, alphas = _apply_smoothing(model, layout, sites, stats, chooser)
     for st in stats.values():
         st.sample = None  # free the token samples before the next pass
 
     ranges: dict[str, tuple[float, float]] = {}
-    if config.mode == "static":
+    static = [s.name for s in sites if config.mode_for(s.kind) == "static"]
+    if static:
         if config.act_range == "minmax":
-            ranges = {n: stats[n].range.range_after(multipliers[n]) for n in names}
+            ranges = {n: stats[n].range.range_after(multipliers[n]) for n in static}
         else:
-            hists = _observe(model, names, Histogram, batches, "activation ranges", progress)
-            ranges = {n: hists[n].percentile_range(config.percentile) for n in names}
+            hists = _observe(model, static, Histogram, batches, "activation ranges", progress)
+            ranges = {n: hists[n].percentile_range(config.percentile) for n in static}
 
     layers_path, _ = encoder_layers(model, layout)
     modules: dict[str, dict[str, Any]] = {}
@@ -252,7 +268,8 @@ def quantize(
             fused = fusable_activation(model.get_submodule(act_path))
             if fused is not None:
                 activation, absorbed = fused, act_path
-        q = QuantLinear.from_float(float_linear, config.mode, ranges.get(site.name), activation)
+        mode = config.mode_for(site.kind)
+        q = QuantLinear.from_float(float_linear, mode, ranges.get(site.name), activation)
         model.set_submodule(site.name, q)
         if absorbed is not None:
             model.set_submodule(absorbed, nn.Identity())
@@ -267,5 +284,9 @@ def quantize(
             "activation": activation,
             "absorbs": absorbed,
         }
-    model.squant_info = {"config": config.to_dict(), "modules": modules}
+    model.squant_info = {
+        "config": config.to_dict(),
+        "modules": modules,
+        "calibration": calibration_coverage(batches),
+    }
     return model.eval()

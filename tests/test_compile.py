@@ -22,10 +22,24 @@ def _compiled_code(model, inputs, config):
 @pytest.fixture(scope="module")
 def bert_static():
     model = tiny_model("bert", outliers=True)
-    q = squant.quantize(
-        model, squant.SmoothQuantConfig(mode="static"), token_batches(), progress=False
-    )
+    # every GEMM static (the golden test below reads the fully static graph)
+    config = squant.SmoothQuantConfig(mode="static", dynamic_sites=())
+    q = squant.quantize(model, config, token_batches(), progress=False)
     return model, q
+
+
+def test_default_static_graph_keeps_every_gemm_int8():
+    """The default static config quantizes attn_out and FFN-out per token: still one int8
+    GEMM per linear, no float GEMM, GELU still in the (static) FFN-in epilogue."""
+    torch._dynamo.reset()
+    model = tiny_model("bert", outliers=True)
+    q = squant.quantize(model, squant.SmoothQuantConfig(), token_batches(), progress=False)
+    inputs = token_batches(n=1, seed=4)[0]
+    _, _, code = _compiled_code(q, inputs, CompileConfig(float_dtype="fp32"))
+    assert len(re.findall(r"torch\.ops\.onednn\.qlinear_pointwise\.\w+\(", code)) == 4 * LAYERS
+    float_gemms = re.findall(r"(extern_kernels\.(?:mm|addmm)|mkldnn\._linear_pointwise)\(", code)
+    assert len(float_gemms) <= 1
+    assert len(re.findall(r"'gelu', \[None\], 'none'\)", code)) == LAYERS
 
 
 @pytest.mark.parametrize("float_dtype", ["fp32", "bf16"])

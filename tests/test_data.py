@@ -47,3 +47,18 @@ def test_text_that_tokenizes_to_nothing_is_refused(tiny_checkpoint):
         tokenize(tok, ["the cat", ("a dog", "runs")], batch_size=1, max_length=16)
     with pytest.raises(SquantError, match="nothing but special tokens"):
         tokenize(tok, ["\u2603\u2603", "\u2603"], batch_size=2)
+
+
+def test_coverage_adds_empty_short_and_long_inputs(tiny_checkpoint):
+    tok = transformers.AutoTokenizer.from_pretrained(str(tiny_checkpoint))
+    texts = ["the cat sat on the mat", "a man plays music in the park"] * 10
+    plain = tokenize(tok, texts, batch_size=8, max_length=16)
+    covered = tokenize(tok, texts, batch_size=8, max_length=16, coverage_length=48)
+    extra = covered[len(plain) :]
+    lengths = sorted(int(n) for b in extra for n in b["attention_mask"].sum(1))
+    assert lengths[0] == 2  # an empty text: [CLS] [SEP] only
+    assert 3 in lengths  # one word
+    assert lengths[-1] == 48  # packed documents reach the coverage length
+    assert max(int(b["attention_mask"].sum(1).max()) for b in plain) <= 16
+    pairs = tokenize(tok, [("the cat", "a dog runs")] * 4, 2, 16, coverage_length=32)
+    assert "token_type_ids" in pairs[-3] and int(pairs[-3]["token_type_ids"].max()) == 1

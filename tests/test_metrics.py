@@ -49,3 +49,17 @@ def test_accuracy_and_relative_loss():
     with pytest.raises(ValueError, match="equal"):
         accuracy([1], [1, 2])
     assert relative_loss(86.0, 86.5) == pytest.approx(100 * 0.5 / 86.5)
+
+
+def test_cosine_tail_reports_the_worst_rows():
+    import torch
+
+    from squant.eval.probe import cosine_tail, mean_cosine
+
+    a = torch.randn(50, 8)
+    b = a.clone()
+    b[7] = -a[7]  # one input the model gets completely wrong
+    tail = cosine_tail(a, b)
+    assert tail["cosine_min"] == pytest.approx(-1.0, abs=1e-5)
+    assert mean_cosine(a, b) > 0.95  # the mean hides it
+    assert tail["cosine_p1"] < 0.99

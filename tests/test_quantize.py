@@ -192,3 +192,30 @@ def test_auto_alpha_is_searched_per_linear_and_recorded(mode):
     w8a8 = squant.quantize(model, plain, token_batches(), progress=False)
     # with outlier channels the searched smoothing clearly beats plain W8A8 end to end
     assert sqnr_db(ref, last_hidden(q, test)) > sqnr_db(ref, last_hidden(w8a8, test)) + 3.0
+
+
+def test_dynamic_sites_and_calibration_coverage_are_recorded():
+    model = tiny_model("bert", outliers=True)
+    batches = token_batches()
+    q = squant.quantize(model, squant.SmoothQuantConfig(mode="static"), batches, progress=False)
+    modes = {m["kind"]: m["mode"] for m in q.squant_info["modules"].values()}
+    assert modes == {
+        "qkv": "static",
+        "ffn_in": "static",
+        "attn_out": "dynamic",
+        "ffn_out": "dynamic",
+    }
+    pure = squant.quantize(
+        model, squant.SmoothQuantConfig(mode="static", dynamic_sites=()), batches, progress=False
+    )
+    assert {m["mode"] for m in pure.squant_info["modules"].values()} == {"static"}
+    seen = q.squant_info["calibration"]
+    lengths = [int(n) for b in batches for n in b["attention_mask"].sum(1)]
+    assert seen == {
+        "sequences": len(lengths),
+        "tokens": sum(lengths),
+        "min_length": min(lengths),
+        "max_length": max(lengths),
+    }
+    with pytest.raises(squant.SquantError, match="dynamic_sites takes"):
+        squant.SmoothQuantConfig(dynamic_sites=("pooler",))

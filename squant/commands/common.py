@@ -8,7 +8,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from ..config import ACT_RANGES, MODES, SmoothQuantConfig
+from ..config import ACT_RANGES, MODES, SITE_KINDS, SmoothQuantConfig
 
 CONFIG_HELP = {
     "mode": "static: per-tensor activation scales from calibration; dynamic: per-token at run time",
@@ -18,6 +18,9 @@ CONFIG_HELP = {
     "percentile": "percentile kept by --act-range percentile",
     "exclude": "module-name pattern to keep in float (repeatable), e.g. '*.layer.5.output.dense'",
     "search_tokens": "calibration tokens sampled per linear by --alpha auto",
+    "dynamic_sites": "with --mode static, a GEMM kind quantized per token at run time instead "
+    "(repeatable: qkv, attn_out, ffn_in, ffn_out; 'none' = all static; default attn_out and "
+    "ffn_out)",
 }
 
 
@@ -64,8 +67,11 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     for field in dataclasses.fields(SmoothQuantConfig):
         flag = "--" + field.name.replace("_", "-")
         default = field.default
-        if field.name == "exclude":
-            parser.add_argument(flag, action="append", default=[], help=CONFIG_HELP[field.name])
+        if field.name in ("exclude", "dynamic_sites"):
+            choices = (*SITE_KINDS, "none") if field.name == "dynamic_sites" else None
+            parser.add_argument(
+                flag, action="append", default=None, choices=choices, help=CONFIG_HELP[field.name]
+            )
             continue
         choices = {"mode": MODES, "act_range": ACT_RANGES}.get(field.name)
         kind = FIELD_TYPES.get(field.name, str)
@@ -76,7 +82,10 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> SmoothQuantConfig:
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(SmoothQuantConfig)}
-    values["exclude"] = tuple(values["exclude"])
+    values["exclude"] = tuple(values["exclude"] or ())
+    sites = values.pop("dynamic_sites")
+    if sites is not None:  # not given: the dataclass default
+        values["dynamic_sites"] = () if "none" in sites else tuple(sites)
     return SmoothQuantConfig(**values)
 
 

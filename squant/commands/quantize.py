@@ -31,6 +31,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="tokens per calibration text (default: 128, or the model's limit if smaller)",
     )
+    p.add_argument(
+        "--coverage-length",
+        type=positive_int,
+        default=None,
+        help="also calibrate on empty/1-5-word inputs and on the texts packed into documents of "
+        "this many tokens (default: the model's limit)",
+    )
+    p.add_argument("--no-coverage", action="store_true", help="calibrate on the given texts only")
     add_config_arguments(p)
 
 
@@ -52,14 +60,17 @@ def run(args: argparse.Namespace) -> None:
     if max_length > limit:
         raise SquantError(f"--max-length {max_length} exceeds the model's {limit} positions")
     tokenizer = models.load_tokenizer(args.checkpoint)
-    batches = data.tokenize(tokenizer, texts, args.batch_size, max_length)
+    coverage = None if args.no_coverage else min(args.coverage_length or limit, limit)
+    batches = data.tokenize(tokenizer, texts, args.batch_size, max_length, coverage)
     qmodel = quantize(model, config, batches, inplace=True)
     out = save(
         qmodel, args.out, tokenizer=tokenizer, overwrite=args.overwrite, protect=(args.checkpoint,)
     )
     n = len(qmodel.squant_info["modules"])
+    seen = qmodel.squant_info["calibration"]
     size = sum(f.stat().st_size for f in Path(out).glob("*.safetensors")) / 2**20
     print(
         f"quantized {n} linears of {type(qmodel).__name__} ({config.mode}, alpha={config.alpha}) "
-        f"with {len(texts)} calibration texts -> {out} ({size:.1f} MiB)"
+        f"with {len(texts)} calibration texts ({seen['sequences']} sequences of "
+        f"{seen['min_length']}-{seen['max_length']} tokens) -> {out} ({size:.1f} MiB)"
     )

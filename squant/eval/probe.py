@@ -122,3 +122,10 @@ def accuracy(pred: Tensor, gold: Tensor) -> float:
 def mean_cosine(a: Tensor, b: Tensor) -> float:
     """Mean over rows of cos(a_i, b_i)."""
     return float(nn.functional.cosine_similarity(a.float(), b.float(), dim=-1).mean())
+
+
+def cosine_tail(a: Tensor, b: Tensor) -> dict[str, float]:
+    """The worst rows of cos(a_i, b_i): minimum and 1st percentile. A mean hides the inputs
+    a quantized model gets wrong (static INT8 on empty or 512-token inputs)."""
+    cos = nn.functional.cosine_similarity(a.float(), b.float(), dim=-1)
+    return {"cosine_min": float(cos.min()), "cosine_p1": float(torch.quantile(cos, 0.01))}

@@ -22,9 +22,10 @@ from torch import Tensor
 
 from ..data import tokenize
 from ..errors import SquantError
+from ..mappings import max_positions
 from ..models import load_model, load_tokenizer
 from .nli import NLI_LABELS, Pairs, read_nli_jsonl
-from .probe import LinearProbe, accuracy, embed, mean_cosine, pair_features
+from .probe import LinearProbe, accuracy, cosine_tail, embed, mean_cosine, pair_features
 from .task import Task
 from .variants import VariantContext, build_variant, parse_variants
 
@@ -87,7 +88,9 @@ def prepare_probe(
     probe_pairs = train_all.slice(0, s.train_pairs)
     held = train_all.slice(len(train_all) - n_calib_pairs)
     calib_texts = [t for pair in zip(held.premises, held.hypotheses, strict=True) for t in pair]
-    calibration = tokenize(tok, calib_texts[: s.calib_sentences], 32, s.max_length)
+    calibration = tokenize(
+        tok, calib_texts[: s.calib_sentences], 32, s.max_length, max_positions(model)
+    )
 
     cache = (cache_dir or default_cache_dir()) / "probe"
     key = _cache_key(Path(model_dir), Path(train), s.train_pairs, s.max_length, "v1")
@@ -119,12 +122,19 @@ def prepare_probe(
         return {
             "accuracy": accuracy(probe.predict(pair_features(u, v)), gold),
             "embedding_cosine": mean_cosine(emb, reference["fp32"]),
+            **cosine_tail(emb, reference["fp32"]),
             "sentences_per_second": 2 * len(test_pairs) / seconds,
         }
 
     info = {"probe": {**asdict(s), "train_accuracy": accuracy(probe.predict(feats), y_train)}}
     return Task(
-        "probe", model, calibration, ("accuracy", "embedding_cosine"), len(test_pairs), score, info
+        "probe",
+        model,
+        calibration,
+        ("accuracy", "embedding_cosine", "cosine_min", "cosine_p1"),
+        len(test_pairs),
+        score,
+        info,
     )
 
 

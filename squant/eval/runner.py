@@ -16,6 +16,7 @@ from typing import Any
 
 from ..data import read_texts, tokenize
 from ..errors import SquantError
+from ..mappings import max_positions
 from ..models import load_model, load_tokenizer
 from . import classify, squad
 from .metrics import accuracy, relative_loss, squad_scores
@@ -33,8 +34,9 @@ class EvalSettings:
     progress: bool = True
 
 
-def _calibration(tok: Any, texts: list, max_length: int) -> list[dict[str, Any]]:
-    return tokenize(tok, texts, batch_size=8, max_length=max_length)
+def _calibration(tok: Any, texts: list, max_length: int, model: Any) -> list[dict[str, Any]]:
+    # with coverage inputs (empty, 1-5 words, packed documents up to the model's limit)
+    return tokenize(tok, texts, 8, max_length, coverage_length=max_positions(model))
 
 
 def _hold_apart(items: list, calib_size: int, has_calib_file: bool, limit: int | None):
@@ -98,7 +100,7 @@ def squad_task(model_dir, data, limit, calib, s: EvalSettings) -> Task:
         )
         return squad_scores(preds, golds)
 
-    calibration = _calibration(tok, calib_texts, s.max_length)
+    calibration = _calibration(tok, calib_texts, s.max_length, model)
     info = {"squad_version": "2.0" if v2 else "1.1"}
     return Task("squad", model, calibration, ("f1", "exact_match"), len(scored), score, info)
 
@@ -129,7 +131,7 @@ def classification_task(model_dir, data, limit, calib, s: EvalSettings, name: st
         )
         return {"accuracy": accuracy(pred, gold)}
 
-    calibration = _calibration(tok, calib_texts, max_len)
+    calibration = _calibration(tok, calib_texts, max_len, model)
     return Task(name, model, calibration, ("accuracy",), len(scored), score)
 
 
@@ -201,7 +203,7 @@ def format_results(record: dict[str, Any]) -> list[list[Any]]:
     for name, r in record["results"].items():
         row = [name]
         for m in record["metrics"]:
-            row.append(f"{r[m]:.2f}" if m != "embedding_cosine" else f"{r[m]:.5f}")
+            row.append(f"{r[m]:.5f}" if "cosine" in m else f"{r[m]:.2f}")
         loss = r.get("relative_loss_percent", {}).get(record["metrics"][0])
         row.append(f"{loss:+.2f}%" if loss is not None else None)
         rows.append(row)
