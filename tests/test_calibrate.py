@@ -97,3 +97,26 @@ def test_token_sample_is_bounded_and_drawn_from_every_batch():
     assert sample.rows.shape == (100, 3)
     counts = torch.bincount(sample.rows[:, 0].long(), minlength=10)
     assert int(counts.min()) >= 3  # uniform over all 500 rows: ~10 from each batch
+
+
+def test_range_monitor_counts_inputs_outside_calibration():
+    import squant
+    from squant.monitor import RangeMonitor
+    from tests.helpers import tiny_model, token_batches
+
+    model = tiny_model("bert", outliers=True)
+    batches = token_batches()
+    config = squant.SmoothQuantConfig(mode="static", dynamic_sites=())
+    q = squant.quantize(model, config, batches, progress=False)
+    with RangeMonitor(q) as monitor:
+        monitor(**batches[0])  # calibration data: inside the ranges but for the odd token
+    baseline = monitor.clipped_fraction()  # pushed out by the int8 error of earlier layers
+    assert baseline < 0.02
+    assert len(monitor.report()) == 8  # every static linear is watched
+    with torch.no_grad():
+        q.embeddings.word_embeddings.weight.mul_(50)  # traffic unlike calibration
+    with RangeMonitor(q) as monitor:
+        monitor(**batches[0])
+    assert monitor.clipped_fraction() > max(0.1, 10 * baseline)
+    q(**batches[0])  # hooks are gone after the block
+    assert all(not m._forward_pre_hooks for m in monitor.modules.values())
