@@ -81,13 +81,33 @@ class TokenSample:
         self.rows, self.keys = x.clone(), keys
 
 
+class ExtremeTokens:
+    """The `k` rows with the largest magnitude (max |x| over channels) of a stream: the
+    outlier tokens ([CLS]/[SEP], repeated tokens) a uniform sample almost never holds."""
+
+    def __init__(self, k: int = 32) -> None:
+        self.k = k
+        self.rows: Tensor | None = None
+
+    def update(self, x: Tensor) -> None:
+        if x.shape[0] == 0:
+            return
+        x = x.detach().float()
+        if self.rows is not None:
+            x = torch.cat([self.rows, x])
+        if x.shape[0] > self.k:
+            x = x[x.abs().amax(dim=1).topk(self.k).indices]
+        self.rows = x.clone()
+
+
 class SiteStats:
     """Pass-1 statistics of one linear's input: channel ranges, and a token sample when the
     smoothing strength is searched."""
 
-    def __init__(self, sample_tokens: int = 0) -> None:
+    def __init__(self, sample_tokens: int = 0, extreme_tokens: int = 32) -> None:
         self.range = ChannelRange()
         self.sample = TokenSample(sample_tokens) if sample_tokens > 0 else None
+        self.extremes = ExtremeTokens(extreme_tokens) if sample_tokens > 0 else None
 
     @property
     def tokens(self) -> int:
@@ -97,6 +117,15 @@ class SiteStats:
         self.range.update(x)
         if self.sample is not None:
             self.sample.update(x)
+        if self.extremes is not None:
+            self.extremes.update(x)
+
+    def search_rows(self) -> Tensor:
+        """The tokens the alpha search scores: the uniform sample plus the extreme tokens."""
+        parts = [
+            t.rows for t in (self.sample, self.extremes) if t is not None and t.rows is not None
+        ]
+        return torch.cat(parts)
 
 
 class Histogram:

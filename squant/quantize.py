@@ -115,7 +115,7 @@ def searched_alpha(stats: Mapping[str, SiteStats], config: SmoothQuantConfig) ->
     def choose(site: Site, linear: nn.Linear) -> float:
         st = stats[site.name]
         best, _errors = search_alpha(
-            st.sample.rows, linear.weight, st.range.min, st.range.max, config.mode_for(site.kind)
+            st.search_rows(), linear.weight, st.range.min, st.range.max, config.mode_for(site.kind)
         )
         return best
 
@@ -246,7 +246,7 @@ def quantize(
     chooser = searched_alpha(stats, config) if auto else fixed_alpha(config.alpha)
     multipliers, alphas = _apply_smoothing(model, layout, sites, stats, chooser)
     for st in stats.values():
-        st.sample = None  # free the token samples before the next pass
+        st.sample = st.extremes = None  # free the token samples before the next pass
 
     ranges: dict[str, tuple[float, float]] = {}
     static = [s.name for s in sites if config.mode_for(s.kind) == "static"]

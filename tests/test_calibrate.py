@@ -120,3 +120,19 @@ def test_range_monitor_counts_inputs_outside_calibration():
     assert monitor.clipped_fraction() > max(0.1, 10 * baseline)
     q(**batches[0])  # hooks are gone after the block
     assert all(not m._forward_pre_hooks for m in monitor.modules.values())
+
+
+def test_extreme_tokens_keep_the_largest_rows_across_batches():
+    from squant.calibrate import ExtremeTokens
+
+    g = torch.Generator().manual_seed(0)
+    stream = [torch.randn(50, 8, generator=g) for _ in range(4)]
+    stream[2][17, 3] = 1000.0  # one massive-activation token, as [SEP] has in BERT
+    ext = ExtremeTokens(k=5)
+    for x in stream:
+        ext.update(x)
+    everything = torch.cat(stream)
+    expected = everything[everything.abs().amax(dim=1).topk(5).indices]
+    assert ext.rows.shape == (5, 8)
+    assert torch.equal(ext.rows.abs().amax(1).sort().values, expected.abs().amax(1).sort().values)
+    assert float(ext.rows.abs().max()) == 1000.0
