@@ -8,7 +8,7 @@ import os
 import sys
 from typing import NoReturn
 
-from .commands import analyze, bench, evaluate, quantize, tune
+from .commands import analyze, bench, evaluate, quantize, serve, tune
 from .errors import SquantError
 
 COMMANDS = {
@@ -17,6 +17,7 @@ COMMANDS = {
     "tune": tune,
     "analyze": analyze,
     "bench": bench,
+    "serve": serve,
 }
 
 

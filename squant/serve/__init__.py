@@ -1,0 +1,1 @@
+"""`squant serve`: an encoder server on squant's engine (optional extra: squant[serve])."""

@@ -1,0 +1,283 @@
+"""HTTP routes over the Engine, compatible with TEI and OpenAI clients.
+
+    POST /embed            {"inputs": str | [str], "normalize": bool?, "truncate": bool?}
+                           -> [[float]]                           (TEI)
+    POST /v1/embeddings    {"input": str | [str], "model": str?}  (OpenAI; usage counts tokens)
+    POST /predict          {"inputs": str | [str, str] | [str | [str, str]]}
+                           -> [[{"label", "score"}]] per input, best first (TEI)
+    POST /tokenize         {"inputs": str | [str]} -> [[int]]
+    GET  /health  /ready  /info  /metrics (Prometheus)
+
+Errors are JSON {"error", "error_type"}: 400 empty input or a body that is not UTF-8, 404
+unknown route, 413 too many inputs or too large a body, 422 malformed JSON, wrong types or
+over-length input with truncate=false, 429 queue full (with
+Retry-After), 503 not ready or draining, 504 deadline passed in the queue. Never a 500 for
+bad input.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any
+
+import torch
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .engine import DeadlineExceededError, Engine, OverloadedError
+
+MAX_BODY_BYTES = 2 * 2**20
+
+
+class EmbedRequest(BaseModel):
+    inputs: str | list[str]
+    normalize: bool | None = None
+    truncate: bool = True
+
+
+class OpenAIEmbeddingRequest(BaseModel):
+    input: str | list[str]
+    model: str | None = None
+    encoding_format: str = "float"
+
+
+class PredictRequest(BaseModel):
+    inputs: str | list[str | list[str]]
+    truncate: bool = True
+
+
+class TokenizeRequest(BaseModel):
+    inputs: str | list[str]
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, kind: str, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.kind, self.headers = status, message, kind, headers
+
+
+def _metrics(registry: CollectorRegistry) -> dict[str, Any]:
+    return {
+        "requests": Counter(
+            "squant_requests_total",
+            "requests by route and status",
+            ["route", "status"],
+            registry=registry,
+        ),
+        "tokenize": Histogram(
+            "squant_tokenize_seconds", "tokenization per request", registry=registry
+        ),
+        "total": Histogram(
+            "squant_request_seconds", "time in the server per request", registry=registry
+        ),
+        "queue": Gauge("squant_queue_sequences", "sequences waiting", registry=registry),
+    }
+
+
+def create_app(engine: Engine, model_name: str = "squant", grace_s: float = 30.0) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        yield
+        # SIGTERM (uvicorn stops accepting first): finish what was admitted, then stop
+        await asyncio.to_thread(engine.stop, grace_s)
+
+    app = FastAPI(title="squant", version="1", lifespan=lifespan)
+    registry = CollectorRegistry()
+    m = _metrics(registry)
+    app.state.engine = engine
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_req: Request, e: ApiError) -> JSONResponse:
+        return JSONResponse(
+            {"error": e.message, "error_type": e.kind}, status_code=e.status, headers=e.headers
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_req: Request, e: StarletteHTTPException) -> JSONResponse:
+        kinds = {400: "bad_request", 404: "not_found", 405: "method_not_allowed"}
+        return JSONResponse(
+            {"error": str(e.detail), "error_type": kinds.get(e.status_code, "http")},
+            status_code=e.status_code,
+            headers=getattr(e, "headers", None),
+        )
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_req: Request, e: RequestValidationError) -> JSONResponse:
+        first = e.errors()[0] if e.errors() else {"msg": "invalid body"}
+        where = ".".join(str(x) for x in first.get("loc", ()))
+        return JSONResponse(
+            {"error": f"{where}: {first.get('msg')}", "error_type": "validation"},
+            status_code=422,
+        )
+
+    @app.middleware("http")
+    async def _count(request: Request, call_next):
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
+            response = JSONResponse(
+                {"error": f"body over {MAX_BODY_BYTES} bytes", "error_type": "payload_too_large"},
+                status_code=413,
+            )
+        else:
+            t0 = time.perf_counter()
+            response = await call_next(request)
+            m["total"].observe(time.perf_counter() - t0)
+        m["requests"].labels(request.url.path, str(response.status_code)).inc()
+        return response
+
+    def _checked(items: list) -> list:
+        if not items:
+            raise ApiError(400, "no inputs", "empty")
+        if len(items) > engine.config.max_inputs:
+            raise ApiError(
+                413, f"{len(items)} inputs; at most {engine.config.max_inputs}", "too_many_inputs"
+            )
+        return items
+
+    def _texts(inputs: str | list[str]) -> list:
+        return _checked([inputs] if isinstance(inputs, str) else list(inputs))
+
+    def _predict_texts(inputs: str | list) -> list:
+        """TEI's shapes: "text"; ["text", "text"] is ONE pair; a batch is a list of [text]
+        or [text, text]."""
+        if isinstance(inputs, str):
+            return [inputs]
+        if all(isinstance(x, str) for x in inputs):
+            if len(inputs) == 1:
+                return [inputs[0]]
+            if len(inputs) == 2:
+                return [tuple(inputs)]
+            raise ApiError(422, "a batch is a list of [text] or [text, text] items", "validation")
+        items = []
+        for x in inputs:
+            if not isinstance(x, list) or len(x) not in (1, 2):
+                raise ApiError(422, "each batch item must be [text] or [text, text]", "validation")
+            items.append(x[0] if len(x) == 1 else tuple(x))
+        return _checked(items)
+
+    async def _run(texts: list, truncate: bool) -> tuple[list[torch.Tensor], int]:
+        if not engine.ready:
+            raise ApiError(503, "not ready" if not engine.draining else "draining", "unavailable")
+        t0 = time.perf_counter()
+        try:
+            encoded = await asyncio.to_thread(engine.tokenize, texts, truncate)
+        except ValueError as e:
+            raise ApiError(422, str(e), "validation") from None
+        m["tokenize"].observe(time.perf_counter() - t0)
+        tokens = sum(len(ids) for ids, _ in encoded)
+        try:
+            futures = engine.submit(encoded)
+        except OverloadedError as e:
+            raise ApiError(429, str(e), "overloaded", {"Retry-After": "1"}) from None
+        try:
+            rows = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
+        except DeadlineExceededError as e:
+            raise ApiError(504, str(e), "timeout") from None
+        except asyncio.CancelledError:  # client went away: its queued sequences never run
+            for f in futures:
+                f.cancel()
+            raise
+        return list(rows), tokens
+
+    def _need(task: str) -> None:
+        if engine.task != task:
+            raise ApiError(422, f"this model serves /{engine.task}, not /{task}", "wrong_route")
+
+    @app.post("/embed")
+    async def embed(body: EmbedRequest) -> list[list[float]]:
+        _need("embed")
+        rows, _ = await _run(_texts(body.inputs), body.truncate)
+        normalize = engine.normalize_default if body.normalize is None else body.normalize
+        return [_vector(r, normalize) for r in rows]
+
+    @app.post("/v1/embeddings")
+    async def openai_embeddings(body: OpenAIEmbeddingRequest) -> dict[str, Any]:
+        _need("embed")
+        if body.encoding_format != "float":
+            raise ApiError(422, "encoding_format must be 'float'", "validation")
+        rows, tokens = await _run(_texts(body.input), True)
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "object": "embedding",
+                    "index": i,
+                    "embedding": _vector(r, engine.normalize_default),
+                }
+                for i, r in enumerate(rows)
+            ],
+            "model": body.model or model_name,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+
+    @app.post("/predict")
+    async def predict(body: PredictRequest) -> list[list[dict[str, Any]]]:
+        _need("predict")
+        rows, _ = await _run(_predict_texts(body.inputs), body.truncate)
+        labels = engine.model.config.id2label or {}
+        out = []
+        for r in rows:
+            probs = torch.softmax(r, dim=-1)
+            order = torch.argsort(probs, descending=True).tolist()
+            out.append([{"label": labels.get(i, str(i)), "score": float(probs[i])} for i in order])
+        return out
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> list[list[int]]:
+        encoded = await asyncio.to_thread(engine.tokenize, _texts(body.inputs), True)
+        return [ids for ids, _ in encoded]
+
+    @app.get("/health")
+    def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/ready")
+    def ready() -> JSONResponse:
+        state = "ready" if engine.ready else ("draining" if engine.draining else "starting")
+        return JSONResponse({"status": state}, status_code=200 if engine.ready else 503)
+
+    @app.get("/info")
+    def info() -> dict[str, Any]:
+        cfg = engine.model.config
+        return {
+            "model": model_name,
+            "model_class": type(engine.model).__name__,
+            "task": engine.task,
+            "max_input_length": engine.max_length,
+            "buckets": list(engine.buckets),
+            "instances": engine.placement.instances,
+            "cores_per_instance": engine.placement.cores_per_instance,
+            "quantization": getattr(engine.model, "squant_info", {}).get("config"),
+            "labels": list((cfg.id2label or {}).values()) if engine.task == "predict" else None,
+            "pooling": engine.pooling if engine.task == "embed" else None,
+        }
+
+    @app.get("/metrics")
+    def metrics() -> PlainTextResponse:
+        m["queue"].set(engine.queue_depth())
+        s = engine.stats
+        with s.lock:
+            extra = (
+                f"squant_batches_total {s.batches}\n"
+                f"squant_sequences_total {s.sequences}\n"
+                f"squant_real_tokens_total {s.real_tokens}\n"
+                f"squant_padded_tokens_total {s.padded_tokens}\n"
+                f"squant_deadline_dropped_total {s.dropped_deadline}\n"
+                f"squant_queue_seconds_total {s.queue_seconds}\n"
+                f"squant_inference_seconds_total {s.inference_seconds}\n"
+            )
+        return PlainTextResponse(generate_latest(registry).decode() + extra)
+
+    return app
+
+
+def _vector(row: torch.Tensor, normalize: bool) -> list[float]:
+    if normalize:
+        row = torch.nn.functional.normalize(row, dim=-1)
+    return row.tolist()

@@ -1,0 +1,311 @@
+"""The serving engine: admission, length-bucketed dynamic batching, pinned shared-weight workers.
+
+    engine = Engine(model, tokenizer, ServeConfig(instances=2, cores_per_instance=1))
+    engine.start()                       # workers pinned to their cores, shapes warmed
+    vectors = engine.embed(["a text", "another"]).result()
+
+- Requests are tokenized on admission, in the caller's thread, with one tokenizer copy per
+  thread (a fast tokenizer shared by threads fails with "Already borrowed").
+- Each text becomes one sequence, padded to its length bucket. A free worker takes the
+  oldest waiting sequence and fills its batch with the oldest others of the same bucket, up
+  to max_batch_requests sequences and max_batch_tokens padded tokens. No wait timer: at low
+  load a request runs alone, at once.
+- The queue is bounded (max_queue sequences): beyond it submit raises OverloadedError (HTTP 429);
+  a sequence whose deadline passed while waiting is dropped, not run (HTTP 504).
+- Workers are threads of one process sharing ONE model (bench/runner.py's placement: each
+  pinned to its own cores with its own OpenMP team); squant's kernels release the GIL.
+- Shapes: every (batch size, bucket) pair is bounded by the config; `start` runs each bucket
+  once at the largest batch before the engine reports ready.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..bench.runner import plan
+from ..errors import SquantError
+from ..mappings import max_positions, model_inputs
+
+BUCKETS = (16, 32, 64, 128, 256, 512)
+
+
+class OverloadedError(Exception):
+    """The queue is full: try again later (HTTP 429)."""
+
+
+class DeadlineExceededError(Exception):
+    """The request waited in the queue past its deadline (HTTP 504)."""
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    instances: int | None = None  # default: cores / cores_per_instance
+    cores_per_instance: int | None = None  # default: 4, fewer on small hosts
+    max_batch_requests: int = 32
+    max_batch_tokens: int = 8192
+    max_queue: int = 1024  # sequences waiting, all requests together
+    max_inputs: int = 256  # texts in one request
+    timeout_s: float = 30.0  # deadline of a request in the queue
+    buckets: tuple[int, ...] = BUCKETS
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch_requests", "max_batch_tokens", "max_queue", "max_inputs"):
+            if getattr(self, name) < 1:
+                raise SquantError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.timeout_s > 0:
+            raise SquantError(f"timeout_s must be > 0, got {self.timeout_s}")
+
+
+@dataclass
+class _Sequence:
+    ids: list[int]
+    type_ids: list[int] | None
+    bucket: int
+    deadline: float
+    future: Future = field(default_factory=Future)
+    enqueued: float = field(default_factory=time.perf_counter)
+
+
+class Stats:
+    """Counters the metrics endpoint reads (plain numbers, updated under one lock)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.batches = 0
+        self.sequences = 0
+        self.real_tokens = 0
+        self.padded_tokens = 0
+        self.dropped_deadline = 0
+        self.queue_seconds = 0.0
+        self.inference_seconds = 0.0
+
+
+def pooling_of(path: str | os.PathLike[str] | None) -> tuple[str, bool]:
+    """(pooling, normalize) from a sentence-transformers directory; ("mean", False) if none."""
+    import json
+    from pathlib import Path
+
+    if path is None:
+        return "mean", False
+    root = Path(path)
+    pooling, normalize = "mean", False
+    modules = root / "modules.json"
+    if modules.is_file():
+        try:
+            entries = json.loads(modules.read_text())
+            for m in entries:
+                kind = str(m.get("type", ""))
+                if kind.endswith("Normalize"):
+                    normalize = True
+                if kind.endswith("Pooling"):
+                    cfg = json.loads((root / str(m.get("path", "")) / "config.json").read_text())
+                    if cfg.get("pooling_mode_cls_token"):
+                        pooling = "cls"
+        except (OSError, ValueError, TypeError, AttributeError) as e:
+            raise SquantError(f"{modules}: unreadable sentence-transformers config ({e})") from None
+    return pooling, normalize
+
+
+class Engine:
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer: Any,
+        config: ServeConfig | None = None,
+        pooling: str = "mean",
+        normalize_default: bool = False,
+    ) -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.config = config or ServeConfig()
+        self.pooling = pooling
+        self.normalize_default = normalize_default
+        self.max_length = max_positions(model)
+        self.buckets = (*(b for b in self.config.buckets if b < self.max_length), self.max_length)
+        self.placement = plan(self.config.instances, self.config.cores_per_instance)
+        self.stats = Stats()
+        self._queue: deque[_Sequence] = deque()
+        self._cond = threading.Condition()
+        self._local = threading.local()
+        self._workers: list[threading.Thread] = []
+        self._stopping = False
+        self.ready = False
+        self.draining = False
+        self.task = "embed" if model.base_model is model else "predict"
+
+    # -- admission (caller threads) ------------------------------------------------------
+
+    def _tokenizer(self) -> Any:
+        tok = getattr(self._local, "tokenizer", None)
+        if tok is None:
+            tok = self._local.tokenizer = copy.deepcopy(self.tokenizer)
+        return tok
+
+    def tokenize(
+        self, texts: Sequence[str | tuple[str, str]], truncate: bool = True
+    ) -> list[tuple[list[int], list[int] | None]]:
+        """Token ids (and segment ids for pairs) per text; over-length is an error unless
+        truncate."""
+        tok = self._tokenizer()
+        out = []
+        for t in texts:
+            a, b = t if isinstance(t, tuple) else (t, None)
+            enc = tok(a, b, truncation=truncate, max_length=self.max_length if truncate else None)
+            ids = list(enc["input_ids"])
+            if len(ids) > self.max_length:
+                raise ValueError(
+                    f"input of {len(ids)} tokens exceeds the model's {self.max_length}; "
+                    "send truncate=true or a shorter text"
+                )
+            out.append((ids, list(enc["token_type_ids"]) if "token_type_ids" in enc else None))
+        return out
+
+    def submit(self, encoded: list[tuple[list[int], list[int] | None]]) -> list[Future]:
+        """Queue sequences; returns one future per sequence (its output row)."""
+        deadline = time.perf_counter() + self.config.timeout_s
+        seqs = [
+            _Sequence(ids, types, next(b for b in self.buckets if b >= len(ids)), deadline)
+            for ids, types in encoded
+        ]
+        with self._cond:
+            if self.draining or self._stopping:
+                raise OverloadedError("the server is shutting down")
+            if len(self._queue) + len(seqs) > self.config.max_queue:
+                raise OverloadedError(f"queue full ({len(self._queue)} sequences waiting)")
+            self._queue.extend(seqs)
+            self._cond.notify_all()
+        return [s.future for s in seqs]
+
+    def queue_depth(self) -> int:
+        return len(self._queue)
+
+    # -- workers -------------------------------------------------------------------------
+
+    def _take_batch(self) -> list[_Sequence] | None:
+        with self._cond:
+            while not self._queue and not self._stopping:
+                self._cond.wait(0.5)
+            if not self._queue:
+                return None
+            now = time.perf_counter()
+            first = self._queue.popleft()
+            batch = [first]
+            limit = min(
+                self.config.max_batch_requests,
+                max(1, self.config.max_batch_tokens // first.bucket),
+            )
+            kept: deque[_Sequence] = deque()
+            while self._queue and len(batch) < limit:
+                s = self._queue.popleft()
+                (batch if s.bucket == first.bucket else kept).append(s)
+            self._queue.extendleft(reversed(kept))
+        live = []
+        for s in batch:
+            if s.future.cancelled():  # the client went away: never run
+                continue
+            if s.deadline < now:
+                s.future.set_exception(DeadlineExceededError("deadline passed in the queue"))
+                with self.stats.lock:
+                    self.stats.dropped_deadline += 1
+            elif s.future.set_running_or_notify_cancel():  # client gone: cancelled
+                live.append(s)
+        return live
+
+    def _run(self, batch: list[_Sequence]) -> None:
+        width = batch[0].bucket
+        pad = int(getattr(self.tokenizer, "pad_token_id", 0) or 0)
+        ids = torch.full((len(batch), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        types = torch.zeros((len(batch), width), dtype=torch.long)
+        for i, s in enumerate(batch):
+            n = len(s.ids)
+            ids[i, :n] = torch.tensor(s.ids)
+            mask[i, :n] = 1
+            if s.type_ids is not None:
+                types[i, :n] = torch.tensor(s.type_ids)
+        inputs = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            out = self.model(**model_inputs(self.model, inputs))
+            rows = self._rows(out, mask)
+        elapsed = time.perf_counter() - t0
+        for s, row in zip(batch, rows, strict=True):
+            s.future.set_result(row)
+        with self.stats.lock:
+            self.stats.batches += 1
+            self.stats.sequences += len(batch)
+            self.stats.real_tokens += int(mask.sum())
+            self.stats.padded_tokens += mask.numel()
+            self.stats.inference_seconds += elapsed
+            self.stats.queue_seconds += sum(t0 - s.enqueued for s in batch)
+
+    def _rows(self, out: Any, mask: Tensor) -> list[Tensor]:
+        if self.task == "embed":
+            h = out.last_hidden_state.float()
+            if self.pooling == "cls":
+                pooled = h[:, 0]
+            else:
+                m = mask.unsqueeze(-1).float()
+                pooled = (h * m).sum(1) / m.sum(1).clamp(min=1.0)
+            return list(pooled)
+        return list(out.logits.float())
+
+    def _worker(self, index: int) -> None:
+        cores = self.placement.cores[index]
+        if hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(threading.get_native_id(), cores)
+        torch.set_num_threads(self.placement.cores_per_instance)
+        while True:
+            batch = self._take_batch()
+            if batch is None:
+                return
+            if batch:
+                try:
+                    self._run(batch)
+                except Exception as e:  # one bad batch fails its requests, not the server
+                    for s in batch:
+                        if not s.future.done():
+                            s.future.set_exception(e)
+
+    def start(self, warm: bool = True) -> None:
+        """Start the workers (and warm every bucket at its largest batch first)."""
+        if warm:
+            torch.set_num_threads(self.placement.cores_per_instance)
+            for width in self.buckets:
+                n = min(
+                    self.config.max_batch_requests, max(1, self.config.max_batch_tokens // width)
+                )
+                filler = [_Sequence([0] * width, None, width, float("inf")) for _ in range(n)]
+                for s in filler:
+                    s.future.set_running_or_notify_cancel()
+                self._run(filler)
+            self.stats = Stats()  # warm-up is not traffic
+        for i in range(self.placement.instances):
+            t = threading.Thread(target=self._worker, args=(i,), daemon=True, name=f"squant-{i}")
+            t.start()
+            self._workers.append(t)
+        self.ready = True
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        """Stop admitting, finish what was admitted (within grace_s), stop the workers."""
+        self.draining = True
+        self.ready = False
+        end = time.perf_counter() + grace_s
+        while self._queue and time.perf_counter() < end:
+            time.sleep(0.05)
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        for t in self._workers:
+            t.join(max(0.0, end - time.perf_counter()) + 1.0)

@@ -1,0 +1,169 @@
+"""`squant serve`: routes, batching, admission and errors, on tiny checkpoints (no network:
+FastAPI's in-process test client)."""
+
+import pytest
+import torch
+
+pytest.importorskip("fastapi")
+pytest.importorskip("httpx")
+
+from fastapi.testclient import TestClient
+
+import squant
+from squant.serve.app import create_app
+from squant.serve.engine import Engine, OverloadedError, ServeConfig
+from tests.helpers import cosine, tiny_model, token_batches
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_checkpoint):
+    from squant.models import load_tokenizer
+
+    return load_tokenizer(tiny_checkpoint)
+
+
+def _calib(model):
+    v = model.config.vocab_size
+    return [
+        {"input_ids": b["input_ids"] % v, "attention_mask": b["attention_mask"]}
+        for b in token_batches()
+    ]
+
+
+@pytest.fixture(scope="module")
+def embedder(tokenizer):
+    model = tiny_model("bert", vocab_size=len(tokenizer), outliers=True)
+    q = squant.quantize(model, calibration=_calib(model), progress=False)
+    engine = Engine(q, tokenizer, ServeConfig(instances=2, cores_per_instance=1, max_inputs=8))
+    engine.start()
+    yield engine, TestClient(create_app(engine, "tiny"))
+    engine.stop(1.0)
+
+
+@pytest.fixture(scope="module")
+def classifier(tiny_checkpoint, tokenizer):
+    from squant.models import load_model
+
+    model = load_model(tiny_checkpoint)
+    q = squant.quantize(model, calibration=_calib(model), progress=False)
+    engine = Engine(q, tokenizer, ServeConfig(instances=1, cores_per_instance=1))
+    engine.start()
+    yield engine, TestClient(create_app(engine, "tiny-cls"))
+    engine.stop(1.0)
+
+
+TEXTS = ["the cat sat on the mat", "a dog", "", "the red car runs fast in the park and the man"]
+
+
+def _reference_embedding(engine, text):
+    enc = engine.tokenizer([text], return_tensors="pt")
+    with torch.no_grad():
+        h = engine.model(**enc).last_hidden_state
+    return h.mean(1)[0]
+
+
+def test_embed_returns_each_requests_own_result(embedder):
+    engine, client = embedder
+    r = client.post("/embed", json={"inputs": TEXTS})
+    assert r.status_code == 200, r.text
+    vectors = torch.tensor(r.json())
+    assert vectors.shape == (len(TEXTS), 64)
+    for text, got in zip(TEXTS, vectors, strict=True):
+        # batched with padding to a length bucket, against the text alone, unpadded
+        assert cosine(_reference_embedding(engine, text), got) >= 0.999
+    single = client.post("/embed", json={"inputs": "a dog", "normalize": True}).json()
+    assert len(single) == 1 and abs(float(torch.tensor(single[0]).norm()) - 1) < 1e-5
+
+
+def test_openai_embeddings_shape_and_usage(embedder):
+    _, client = embedder
+    r = client.post("/v1/embeddings", json={"input": ["a dog", "the cat"], "model": "x"})
+    body = r.json()
+    assert r.status_code == 200 and body["object"] == "list" and body["model"] == "x"
+    assert [d["index"] for d in body["data"]] == [0, 1]
+    assert body["usage"]["prompt_tokens"] == 4 + 4  # [CLS] a dog [SEP], [CLS] the cat [SEP]
+
+
+def test_predict_singles_pairs_and_labels(classifier):
+    engine, client = classifier
+    labels = set(engine.model.config.id2label.values())
+    one = client.post("/predict", json={"inputs": "the cat sat"}).json()
+    assert len(one) == 1 and {x["label"] for x in one[0]} == labels
+    assert abs(sum(x["score"] for x in one[0]) - 1) < 1e-5
+    assert one[0][0]["score"] >= one[0][-1]["score"]  # best first
+    pair = client.post("/predict", json={"inputs": ["the cat sat", "a cat is sitting"]}).json()
+    enc = engine.tokenizer(["the cat sat"], ["a cat is sitting"], return_tensors="pt")
+    with torch.no_grad():
+        ref = torch.softmax(engine.model(**enc).logits[0], -1)
+    got = {x["label"]: x["score"] for x in pair[0]}
+    for i, name in engine.model.config.id2label.items():
+        assert abs(got[name] - float(ref[int(i)])) < 1e-3
+    batch = client.post("/predict", json={"inputs": [["the cat"], ["a dog", "runs"]]}).json()
+    assert len(batch) == 2
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "status", "kind"),
+    [
+        ("/embed", {"inputs": []}, 400, "empty"),
+        ("/embed", {"inputs": ["a"] * 9}, 413, "too_many_inputs"),
+        ("/embed", {"inputs": 5}, 422, "validation"),
+        ("/embed", {"nothing": 1}, 422, "validation"),
+        ("/embed", {"inputs": "word " * 100, "truncate": False}, 422, "validation"),
+        ("/predict", {"inputs": "a"}, 422, "wrong_route"),
+        ("/v1/embeddings", {"input": "a", "encoding_format": "base64"}, 422, "validation"),
+    ],
+)
+def test_bad_requests_get_their_documented_status(embedder, route, body, status, kind):
+    _, client = embedder
+    r = client.post(route, json=body)
+    assert r.status_code == status, r.text
+    assert r.json()["error_type"] == kind and r.json()["error"]
+
+
+def test_malformed_bodies_and_unknown_routes(embedder):
+    _, client = embedder
+    assert (
+        client.post(
+            "/embed", content=b"{not json", headers={"content-type": "application/json"}
+        ).status_code
+        == 422
+    )
+    bad_utf8 = client.post(
+        "/embed", content=b'{"inputs": "\xff\xfe"}', headers={"content-type": "application/json"}
+    )
+    assert bad_utf8.status_code == 400 and bad_utf8.json()["error_type"] == "bad_request"
+    assert client.post("/embed", content=b"x" * (3 * 2**20)).status_code == 413
+    assert client.get("/nowhere").json()["error_type"] == "not_found"
+    long = client.post("/embed", json={"inputs": "word " * 100_000})  # truncated by default
+    assert long.status_code == 200
+    assert client.post("/embed", json={"inputs": "still serving"}).status_code == 200
+
+
+def test_full_queue_is_429_with_retry_after(tokenizer):
+    model = tiny_model("bert", vocab_size=len(tokenizer))
+    engine = Engine(model, tokenizer, ServeConfig(instances=1, cores_per_instance=1, max_queue=2))
+    engine.ready = True  # workers not started: the queue only fills
+    client = TestClient(create_app(engine))
+    engine.submit(engine.tokenize(["a", "b"]))
+    r = client.post("/embed", json={"inputs": "c"})
+    assert r.status_code == 429 and r.headers["retry-after"] == "1"
+    with pytest.raises(OverloadedError):
+        engine.submit(engine.tokenize(["d"]))
+
+
+def test_ready_health_info_metrics(tokenizer, embedder):
+    model = tiny_model("bert", vocab_size=len(tokenizer))
+    cold = Engine(model, tokenizer, ServeConfig(instances=1, cores_per_instance=1))
+    client = TestClient(create_app(cold))
+    assert client.get("/health").status_code == 200
+    assert client.get("/ready").status_code == 503  # not warmed yet
+    assert client.post("/embed", json={"inputs": "a"}).status_code == 503
+    engine, warm = embedder
+    assert warm.get("/ready").status_code == 200
+    info = warm.get("/info").json()
+    assert info["task"] == "embed" and info["buckets"][-1] == 64
+    warm.post("/embed", json={"inputs": ["a", "b c"]})
+    text = warm.get("/metrics").text
+    assert 'squant_requests_total{route="/embed",status="200"}' in text
+    assert "squant_padded_tokens_total" in text and engine.stats.sequences >= 2
