@@ -167,3 +167,22 @@ def test_ready_health_info_metrics(tokenizer, embedder):
     text = warm.get("/metrics").text
     assert 'squant_requests_total{route="/embed",status="200"}' in text
     assert "squant_padded_tokens_total" in text and engine.stats.sequences >= 2
+
+
+def test_compiled_runner_serves_every_bucket(tokenizer):
+    """One squant.compile graph with dynamic shapes serves all buckets and batch sizes."""
+    torch._dynamo.reset()
+    model = tiny_model("bert", vocab_size=len(tokenizer), outliers=True)
+    q = squant.quantize(model, calibration=_calib(model), progress=False)
+    compiled = squant.compile(q, squant.CompileConfig(dynamic=True, float_dtype="fp32"))
+    config = ServeConfig(instances=1, cores_per_instance=1, buckets=(16,), max_batch_requests=4)
+    engine = Engine(q, tokenizer, config, runner=compiled)
+    engine.start()  # warms buckets 16 and 64
+    try:
+        client = TestClient(create_app(engine))
+        texts = ["a dog", "the cat sat on the mat " * 4, "the red car"]
+        got = torch.tensor(client.post("/embed", json={"inputs": texts}).json())
+        for text, row in zip(texts, got, strict=True):
+            assert cosine(_reference_embedding(engine, text), row) >= 0.999
+    finally:
+        engine.stop(1.0)

@@ -26,6 +26,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-queue", type=positive_int, default=1024, help="sequences waiting")
     p.add_argument("--timeout", type=positive_float, default=30.0, help="seconds in the queue")
     p.add_argument(
+        "--compile",
+        action="store_true",
+        help="run batches through squant.compile with dynamic shapes (slower start: two "
+        "compiles; then one graph serves every bucket)",
+    )
+    p.add_argument(
         "--pooling-from",
         default=None,
         help="a sentence-transformers directory whose pooling/normalize config to use "
@@ -55,7 +61,16 @@ def build_engine(args: argparse.Namespace):
         timeout_s=args.timeout,
     )
     pooling, normalize = pooling_of(args.pooling_from or path)
-    return Engine(model, tokenizer, config, pooling, normalize)
+    runner = None
+    if args.compile:
+        from ..compiler import CompileConfig, compile
+
+        # checked against eager on a padded example at the middle bucket before serving
+        example = tokenizer(
+            ["a short text", "a longer text " * 20], padding=True, return_tensors="pt"
+        )
+        runner = compile(model, CompileConfig(dynamic=True), dict(example))
+    return Engine(model, tokenizer, config, pooling, normalize, runner)
 
 
 def run(args: argparse.Namespace) -> None:

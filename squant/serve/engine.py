@@ -125,8 +125,12 @@ class Engine:
         config: ServeConfig | None = None,
         pooling: str = "mean",
         normalize_default: bool = False,
+        runner: Any = None,
     ) -> None:
         self.model = model.eval()
+        # what runs the batches: the model itself, or a compiled form of it (squant.compile
+        # with dynamic shapes: one graph for every bucket and batch size)
+        self.runner = runner if runner is not None else self.model
         self.tokenizer = tokenizer
         self.config = config or ServeConfig()
         self.pooling = pooling
@@ -237,7 +241,7 @@ class Engine:
         inputs = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
         t0 = time.perf_counter()
         with torch.no_grad():
-            out = self.model(**model_inputs(self.model, inputs))
+            out = self.runner(**model_inputs(self.model, inputs))
             rows = self._rows(out, mask)
         elapsed = time.perf_counter() - t0
         for s, row in zip(batch, rows, strict=True):
