@@ -287,13 +287,16 @@ class Engine:
         if warm:
             torch.set_num_threads(self.placement.cores_per_instance)
             for width in self.buckets:
-                n = min(
+                most = min(
                     self.config.max_batch_requests, max(1, self.config.max_batch_tokens // width)
                 )
-                filler = [_Sequence([0] * width, None, width, float("inf")) for _ in range(n)]
-                for s in filler:
-                    s.future.set_running_or_notify_cancel()
-                self._run(filler)
+                # batch 1 and the largest batch: a compiled runner specializes size 1 apart
+                # from the dynamic graph, so both are built now, not under traffic
+                for n in sorted({1, most}):
+                    filler = [_Sequence([0] * width, None, width, float("inf")) for _ in range(n)]
+                    for s in filler:
+                        s.future.set_running_or_notify_cancel()
+                    self._run(filler)
             self.stats = Stats()  # warm-up is not traffic
         for i in range(self.placement.instances):
             t = threading.Thread(target=self._worker, args=(i,), daemon=True, name=f"squant-{i}")
