@@ -33,10 +33,10 @@ from competitors import (
 
 import squant
 from squant.bench.configs import random_inputs, random_model
-from squant.bench.timing import measure
 from squant.compiler import CompileConfig
 from squant.hardware import cpu_features
 from squant.report import format_table
+from squant.timing import measure
 
 
 def squant_variant(mode: str, **compile_kw):

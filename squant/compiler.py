@@ -28,10 +28,10 @@ from .attention import (
     key_padding_bias,
     register_squant_attention,
 )
-from .bench.timing import measure
 from .errors import SquantError
 from .hardware import cpu_features
 from .qlinear import QuantLinear
+from .timing import measure
 
 FloatDtype = Literal["auto", "bf16", "fp32"]
 

@@ -34,7 +34,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from . import __version__
 from .attention import SQUANT_ATTENTION, FusedSelfAttention, register_squant_attention
 from .compiler import CompileConfig, cast_float_parts
 from .errors import SquantError
@@ -42,6 +41,7 @@ from .files import atomic_directory
 from .hardware import cpu_features
 from .int8 import make_prepack_traceable
 from .qlinear import QuantLinear
+from .version import __version__
 
 PACKAGE = "model.pt2"
 MANIFEST = "manifest.json"

@@ -28,13 +28,14 @@ import torch
 import transformers
 from torch import nn
 
-from . import __version__, int8
+from . import int8
 from .config import MODES, SmoothQuantConfig
 from .errors import SquantError
 from .files import atomic_directory
 from .mappings import SUPPORTED_CLASSES, layout_for
 from .qlinear import QuantLinear
 from .quantize import encoder_layers, find_sites, fuse_attention
+from .version import __version__
 
 FORMAT = "squant"
 FORMAT_VERSION = 1

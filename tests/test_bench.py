@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from squant.bench import runner
-from squant.bench.timing import measure, summarize
 from squant.cli import main
 from squant.errors import SquantError
+from squant.timing import measure, summarize
 
 CORES = sorted(os.sched_getaffinity(0))
 

@@ -12,7 +12,7 @@ import torch
 
 from .. import int8
 from ..hardware import CpuFeatures, cpu_features
-from .timing import measure
+from ..timing import measure
 
 # Ops per cycle per core of the widest instruction for each dtype, assuming two 512-bit FMA
 # pipes (true of Zen 4/5 and Xeon server cores; an assumption, stated in every report).

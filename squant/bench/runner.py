@@ -22,7 +22,7 @@ import torch
 
 from ..errors import SquantError
 from ..hardware import cpu_features
-from .timing import summarize
+from ..timing import summarize
 
 
 @dataclass(frozen=True)

@@ -122,10 +122,10 @@ def _hotspots(model: Any, args: argparse.Namespace, variants: list[str]) -> dict
 
     from ..bench.configs import random_calibration, random_inputs
     from ..bench.hotspots import breakdown, profile
-    from ..bench.timing import measure
     from ..compiler import CompileConfig, compile
     from ..config import SmoothQuantConfig
     from ..quantize import quantize
+    from ..timing import measure
 
     inputs = random_inputs(model, args.batch, args.seq)
     out = {}

@@ -59,8 +59,8 @@ def _speed_meter(model, seq: int):
     import torch
 
     from ..bench.configs import random_inputs
-    from ..bench.timing import measure
     from ..compiler import CompileConfig, compile
+    from ..timing import measure
 
     inputs = random_inputs(model, 1, seq)
 

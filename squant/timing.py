@@ -1,4 +1,7 @@
-"""Honest latency measurement: warm-up excluded, many repetitions, median and tail."""
+"""Honest latency measurement: warm-up excluded, many repetitions, median and tail.
+
+A stopwatch, not a benchmark: squant.compile (choosing kernels by measurement), tune, the
+benchmarks and squant.bench all use it, so it lives below them all."""
 
 from __future__ import annotations
 
