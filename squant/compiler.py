@@ -30,6 +30,7 @@ from .attention import (
 )
 from .errors import SquantError
 from .hardware import cpu_features
+from .outputs import first_tensor
 from .qlinear import QuantLinear
 from .timing import measure
 
@@ -186,14 +187,6 @@ def agreement(reference: Tensor, output: Tensor, attention_mask: Tensor | None) 
         keep = attention_mask.bool()
         return _cosine(reference[keep], output[keep])
     return _cosine(reference, output)
-
-
-def first_tensor(out: Any) -> Tensor:
-    """The main output of a model call: the tensor itself, or the first tensor field."""
-    if isinstance(out, Tensor):
-        return out
-    values = out.values() if isinstance(out, Mapping) else out
-    return next(v for v in values if isinstance(v, Tensor))
 
 
 def _time_attention(name: str, shape: tuple[int, int, int, int], dtype: torch.dtype) -> float:

@@ -40,6 +40,7 @@ from .errors import SquantError
 from .files import atomic_directory
 from .hardware import cpu_features
 from .int8 import make_prepack_traceable
+from .outputs import output_tensors
 from .qlinear import QuantLinear
 from .version import __version__
 
@@ -60,10 +61,7 @@ class _TupleOutputs(nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, ...]:
         out = self.model(input_ids=input_ids, attention_mask=attention_mask)
-        values = out.values() if isinstance(out, Mapping) else out
-        return tuple(
-            v.float() if v.is_floating_point() else v for v in values if isinstance(v, Tensor)
-        )
+        return tuple(v.float() if v.is_floating_point() else v for v in output_tensors(out))
 
 
 def export(

@@ -20,11 +20,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from .compiler import first_tensor
 from .config import SmoothQuantConfig
 from .errors import SquantError
 from .eval.metrics import relative_loss
 from .eval.task import Task
+from .outputs import first_tensor
 from .quantize import quantize, smooth
 
 

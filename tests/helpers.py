@@ -6,6 +6,8 @@ import torch
 import transformers
 from torch import Tensor, nn
 
+from squant.outputs import first_tensor as main_output
+
 ARCHS = ("bert", "distilbert", "roberta", "xlm-roberta")
 HEADS = ("base", "sequence-classification", "question-answering", "token-classification")
 VOCAB = 120
@@ -87,13 +89,6 @@ def token_batches(
         ids[0, length // 2 :] = pad
         out.append({"input_ids": ids, "attention_mask": mask})
     return out
-
-
-def main_output(out: object) -> Tensor:
-    """The first tensor of a model output (hidden states, logits or start logits)."""
-    if isinstance(out, Tensor):
-        return out
-    return next(v for v in out.values() if isinstance(v, Tensor))
 
 
 def sqnr_db(ref: Tensor, test: Tensor) -> float:

@@ -46,8 +46,9 @@ def test_default_compile_accepts_real_weights_with_padded_batches(minilm_dir):
     import torch
 
     import squant
-    from squant.compiler import agreement, first_tensor
+    from squant.compiler import agreement
     from squant.models import load_model, load_tokenizer
+    from squant.outputs import first_tensor
 
     model, tok = load_model(minilm_dir, task="base"), load_tokenizer(minilm_dir)
     lines = (SNLI / "snli_1.0_train_subset.jsonl").read_text().splitlines()

@@ -7,14 +7,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from squant.outputs import first_tensor
+
 
 def main_output(out: Any) -> Tensor:
     """The first tensor of a model output, as float32."""
-    if isinstance(out, Tensor):
-        return out.float()
-    if isinstance(out, dict) or hasattr(out, "values"):
-        return next(v for v in out.values() if isinstance(v, Tensor)).float()
-    return next(v for v in out if isinstance(v, Tensor)).float()
+    return first_tensor(out).float()
 
 
 def compile_frozen(module: torch.nn.Module):

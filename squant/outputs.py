@@ -1,0 +1,25 @@
+"""What a model call returns, read the same way everywhere: a tensor, a tuple, or a
+transformers ModelOutput (a mapping whose first field is the main output)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from torch import Tensor
+
+
+def output_tensors(out: Any) -> tuple[Tensor, ...]:
+    """Every tensor of a model output, in field order (None fields skipped)."""
+    if isinstance(out, Tensor):
+        return (out,)
+    values = out.values() if isinstance(out, Mapping) else out
+    return tuple(v for v in values if isinstance(v, Tensor))
+
+
+def first_tensor(out: Any) -> Tensor:
+    """The main output of a model call: last hidden state, logits, or start logits."""
+    tensors = output_tensors(out)
+    if not tensors:
+        raise TypeError(f"the model returned no tensor ({type(out).__name__})")
+    return tensors[0]
