@@ -37,7 +37,7 @@ from torch import Tensor, nn
 from .attention import SQUANT_ATTENTION, FusedSelfAttention, register_squant_attention
 from .compiler import CompileConfig, cast_float_parts
 from .errors import SquantError
-from .files import atomic_directory
+from .files import atomic_directory, read_json_record
 from .hardware import cpu_features
 from .int8 import make_prepack_traceable
 from .outputs import output_tensors
@@ -194,19 +194,9 @@ def _typed(manifest: dict[str, Any], key: str, kind: type | tuple[type, ...], wh
 
 def read_manifest(path: Path) -> dict[str, Any]:
     """manifest.json, checked: format, version, torch version, and every field's type."""
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise SquantError(f"{path} is corrupt ({e})") from None
-    except RecursionError:
-        raise SquantError(f"{path} is nested too deeply to be a manifest") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise SquantError(f"{path} is not a squant export manifest")
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise SquantError(
-            f"{path}: format version {manifest.get('format_version')!r}, this squant reads "
-            f"{FORMAT_VERSION}; export the model again"
-        )
+    manifest = read_json_record(
+        path, FORMAT, FORMAT_VERSION, "a squant export manifest", "; export the model again"
+    )
     built = _typed(manifest, "torch_version", str, path)
     if built.split("+")[0] != torch.__version__.split("+")[0]:
         raise SquantError(

@@ -17,11 +17,13 @@ checkpoint), and a target that exists but is not a directory.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from .errors import SquantError
 
@@ -110,3 +112,27 @@ def _fsync_tree(root: Path) -> None:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+
+
+def read_json_record(
+    path: Path, fmt: str, version: int, what: str, fix: str = "", max_bytes: int | None = None
+) -> dict[str, Any]:
+    """A JSON object squant wrote (`{"format": fmt, "format_version": version, ...}`), read
+    without trusting it: size (when bounded), encoding, nesting depth, type, format and
+    version each give one SquantError naming `what` the file should be."""
+    if max_bytes is not None and path.stat().st_size > max_bytes:
+        raise SquantError(f"{path} is {path.stat().st_size} bytes: too large for {what}")
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise SquantError(f"{path} is not valid JSON ({e}); the file is corrupt") from None
+    except RecursionError:
+        raise SquantError(f"{path} is nested too deeply to be {what}") from None
+    if not isinstance(record, dict) or record.get("format") != fmt:
+        raise SquantError(f"{path} is not {what}")
+    if record.get("format_version") != version:
+        raise SquantError(
+            f"{path} has format version {record.get('format_version')!r}; this squant reads "
+            f"{version}{fix}"
+        )
+    return record

@@ -31,7 +31,7 @@ from torch import nn
 from . import int8
 from .config import MODES, SmoothQuantConfig
 from .errors import SquantError
-from .files import atomic_directory
+from .files import atomic_directory, read_json_record
 from .mappings import SUPPORTED_CLASSES, layout_for
 from .qlinear import QuantLinear
 from .quantize import encoder_layers, find_sites, fuse_attention
@@ -85,22 +85,9 @@ def read_meta(directory: str | Path) -> dict[str, Any]:
         raise SquantError(f"{directory} is not a directory")
     if not path.is_file():
         raise SquantError(f"{directory} has no {CONFIG_FILE}: not a model saved by squant.save()")
-    if path.stat().st_size > MAX_META_BYTES:
-        raise SquantError(f"{path} is {path.stat().st_size} bytes: too large for a model record")
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise SquantError(f"{path} is not valid JSON ({e}); the file is corrupt") from None
-    except RecursionError:
-        raise SquantError(f"{path} is nested too deeply to be a squant model record") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise SquantError(f"{path} is not a squant model description")
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise SquantError(
-            f"{path} has format version {meta.get('format_version')!r}; this squant reads "
-            f"{FORMAT_VERSION}"
-        )
-    return meta
+    return read_json_record(
+        path, FORMAT, FORMAT_VERSION, "a squant model description", max_bytes=MAX_META_BYTES
+    )
 
 
 # Bounds on the sizes a config may ask for (far above any BERT-family model; a crafted file
