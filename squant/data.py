@@ -9,6 +9,7 @@ Accepted files:
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -90,12 +91,11 @@ def coverage_texts(texts: list[Text]) -> tuple[list[Text], list[str]]:
 
     firsts = [t[0] if isinstance(t, tuple) else t for t in texts]
     lengths = (0, 1, 1, 2, 3, 5)
-    if isinstance(texts[0], tuple):
-        short: list[Text] = [
-            (cut(a, n), cut(b, n)) for (a, b), n in zip(texts * 6, lengths, strict=False)
-        ]
-    else:
-        short = [cut(t, n) for t, n in zip(firsts * 6, lengths, strict=False)]
+    sources = itertools.cycle(texts)  # as many texts as lengths, reusing a short list
+    short: list[Text] = [
+        (cut(t[0], n), cut(t[1], n)) if isinstance(t, tuple) else cut(t, n)
+        for t, n in zip(sources, lengths, strict=False)
+    ]
     packed = " ".join(firsts)
     return short, [packed, " ".join(reversed(firsts))]
 

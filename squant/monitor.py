@@ -82,7 +82,6 @@ class RangeMonitor:
             for name, (n, k) in self.counts.items()
         }
 
-    @torch.no_grad()
     def clipped_fraction(self) -> float:
         """Over all static linears: the share of token inputs that were clipped."""
         n = sum(c[0] for c in self.counts.values())

@@ -75,21 +75,16 @@ def test_static_defaults_hold_on_the_stress_set(minilm_dir):
     calibrating on 256 ordinary sentences. Measured (AVX2 host, 7-bit weights): worst input
     0.983 with squant's defaults (coverage calibration + per-token attn_out/FFN-out) vs 0.707
     for all-static calibrated on the sentences alone (README, issue 12)."""
-    import json
     import sys
 
     import squant
     from squant.data import tokenize
     from squant.mappings import max_positions
-    from squant.models import load_model, load_tokenizer
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    from stress import embed_one, stress_inputs
+    from stress import embed_one, load_setup, stress_inputs
 
-    model, tok = load_model(minilm_dir, task="base"), load_tokenizer(minilm_dir)
-    lines = (SNLI / "snli_1.0_train_subset.jsonl").read_text().splitlines()[-2000:]
-    rows = [json.loads(line) for line in lines]
-    sents = [r["sentence1"] for r in rows[:256]]
+    model, tok, rows, sents = load_setup(SNLI, 256)  # the MiniLM the fixture checked for
     plain = tokenize(tok, sents, 16, 128)
     covered = tokenize(tok, sents, 16, 128, coverage_length=max_positions(model))
     inputs = stress_inputs(rows[256:])

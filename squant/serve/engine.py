@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import os
 import threading
 import time
@@ -28,6 +29,7 @@ from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -93,9 +95,6 @@ class Stats:
 
 def pooling_of(path: str | os.PathLike[str] | None) -> tuple[str, bool]:
     """(pooling, normalize) from a sentence-transformers directory; ("mean", False) if none."""
-    import json
-    from pathlib import Path
-
     if path is None:
         return "mean", False
     root = Path(path)
