@@ -186,3 +186,23 @@ def test_compiled_runner_serves_every_bucket(tokenizer):
             assert cosine(_reference_embedding(engine, text), row) >= 0.999
     finally:
         engine.stop(1.0)
+
+
+def test_serve_command_bad_input_is_one_line(tiny_checkpoint, tmp_path, capsys):
+    import socket
+
+    from squant.cli import main
+
+    def error(args):
+        code = main(["serve", *args])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and err.startswith("squant serve: error:") and "\n" not in err, err
+        return err
+
+    assert "does not exist" in error([str(tmp_path / "missing"), "--port", "18999"])
+    pooling = ["--pooling-from", str(tmp_path / "x"), "--port", "18998"]
+    assert "--pooling-from" in error([str(tiny_checkpoint), *pooling])
+    assert "--port" in error([str(tiny_checkpoint), "--port", "0"])
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = str(busy.getsockname()[1])
+        assert "cannot listen on 127.0.0.1:" in error([str(tiny_checkpoint), "--port", port])

@@ -39,6 +39,8 @@ def build_engine(args: argparse.Namespace):
     from ..serve.engine import Engine, ServeConfig, pooling_of
 
     path = Path(args.model)
+    if args.pooling_from is not None and not Path(args.pooling_from).is_dir():
+        raise SquantError(f"--pooling-from {args.pooling_from} is not a directory")
     if (path / "manifest.json").is_file() and not (path / CONFIG_FILE).is_file():
         raise SquantError(
             f"{path} is an exported .pt2 package (fixed shapes); serve the directory written "
@@ -62,6 +64,16 @@ def build_engine(args: argparse.Namespace):
     return Engine(model, tokenizer, config, pooling, normalize)
 
 
+def _check_port_free(host: str, port: int) -> None:
+    import socket
+
+    try:
+        with socket.create_server((host, port)):
+            pass
+    except OSError as e:
+        raise SquantError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+
+
 def run(args: argparse.Namespace) -> None:
     try:
         import uvicorn
@@ -71,6 +83,7 @@ def run(args: argparse.Namespace) -> None:
         raise SquantError(
             f"squant serve needs the serve extra: pip install 'squant[serve]' ({e})"
         ) from None
+    _check_port_free(args.host, args.port)  # before minutes of loading and warm-up
     engine = build_engine(args)
     print(
         f"warming {len(engine.buckets)} shapes (buckets {list(engine.buckets)}) on "
