@@ -31,19 +31,21 @@ from competitors import (
     torchao_smoothquant,
 )
 
-import squant
 from squant.bench.configs import random_inputs, random_model
-from squant.compiler import CompileConfig
 from squant.hardware import cpu_features
+from squant.outputs import first_tensor
 from squant.report import format_table
 from squant.timing import measure
+from squant.variants import BuildContext, build
 
 
-def squant_variant(mode: str, **compile_kw):
+def squant_variant(name: str):
+    """A variant from squant's registry (squant/variants.py), as deployed."""
+
     def setup(model, calibration, inputs):
-        q = squant.quantize(model, squant.SmoothQuantConfig(mode=mode), calibration, progress=False)
-        compiled = squant.compile(q, CompileConfig(**compile_kw), inputs)
-        return lambda x: compiled(**x)[0]
+        context = BuildContext(calibration, example_inputs=inputs, progress=False)
+        built = build(name, model, context)
+        return lambda x: first_tensor(built(**x))
 
     return setup
 
@@ -55,13 +57,14 @@ VARIANTS = {
     "bf16-compiled": pytorch_float.bf16_compiled,
     "torchao-sq-static": torchao_smoothquant.setup,
     "pt2e-static": pt2e_x86.setup,
-    "squant-static": squant_variant("static"),
-    "squant-dynamic": squant_variant("dynamic"),
+    "squant-static": squant_variant("static-compiled"),
+    "squant-dynamic": squant_variant("dynamic-compiled"),
+    "squant-static-pt2": squant_variant("static-pt2"),
     "openvino-int8": openvino_nncf.setup,
     "openvino-int8-f32": lambda m, c, i: openvino_nncf.setup(m, c, i, precision="f32"),
     "ort-int8-dynamic": onnxruntime_int8.setup,
 }
-INT8 = {"torchao-sq-static", "pt2e-static", "squant-static", "squant-dynamic"}
+INT8 = {"torchao-sq-static", "pt2e-static", "squant-static", "squant-dynamic", "squant-static-pt2"}
 INT8 |= {"openvino-int8", "openvino-int8-f32", "ort-int8-dynamic"}
 
 

@@ -1,9 +1,10 @@
 """squant: SmoothQuant INT8 for BERT-family encoders on CPUs, with PyTorch alone."""
 
+from . import variants
 from .compiler import CompileConfig, compile
 from .config import SmoothQuantConfig
 from .errors import SquantError
-from .export import export, load_exported
+from .export import export, load_exported, load_packaged
 from .quantize import quantize, smooth
 from .serialization import load, save
 from .version import __version__ as __version__
@@ -16,7 +17,9 @@ __all__ = [
     "export",
     "load",
     "load_exported",
+    "load_packaged",
     "quantize",
     "save",
     "smooth",
+    "variants",
 ]

@@ -24,19 +24,13 @@ from .bench.roofline import (
     roofline_seconds,
 )
 from .errors import SquantError
+from .variants import GEMM_DTYPES
 
-# bench variant -> the dtype its GEMMs run in
-VARIANT_DTYPES = {
-    "fp32": "fp32",
-    "fp32-eager": "fp32",
-    "fp32-compiled": "fp32",
-    "bf16": "bf16",
-    "bf16-compiled": "bf16",
-    "static": "int8",
-    "dynamic": "int8",
-    "squant-static": "int8",
-    "squant-dynamic": "int8",
-}
+
+def gemm_dtype(variant: str) -> str | None:
+    """The dtype a bench variant's GEMMs run in (squant's names, benchmarks/speed.py's
+    "squant-" and "-eager"/"-frozen" spellings), None for other runtimes."""
+    return GEMM_DTYPES.get(variant.removeprefix("squant-").split("-")[0])
 
 
 def model_dims(config: Any) -> dict[str, int]:
@@ -123,7 +117,7 @@ def realized_vs_ceiling(bench: dict[str, Any], gemms: list[Gemm], p: Peaks) -> l
     """Table 14: each variant's measured ms against the roofline bound of its linear block."""
     rows = []
     for name, r in bench.items():
-        dtype = VARIANT_DTYPES.get(name)
+        dtype = gemm_dtype(name)
         ms = r.get("median_ms") if isinstance(r, dict) else None
         if dtype is None or ms is None:
             continue

@@ -40,27 +40,33 @@ from .errors import SquantError
 from .files import atomic_directory, read_json_record
 from .hardware import cpu_features
 from .int8 import make_prepack_traceable
-from .outputs import output_tensors
+from .mappings import MODEL_INPUT_KEYS, input_names
+from .outputs import NamedOutputs, named_tensors, output_tensors
 from .qlinear import QuantLinear
 from .version import __version__
 
 PACKAGE = "model.pt2"
 MANIFEST = "manifest.json"
 FORMAT = "squant-aoti"
-FORMAT_VERSION = 2  # 2: sha256, vocab_size, max_seq recorded
+FORMAT_VERSION = 3  # 2: sha256, vocab_size, max_seq; 3: token_type_ids, output_names, config
+READABLE_VERSIONS = (2, 3)
 # ISA features a package may need from the host, from the most to the least demanding
 REQUIRED_ISA = ("amx_int8", "amx_bf16", "avx512_vnni", "avx512_bf16", "avx512f", "avx2")
 
 
 class _TupleOutputs(nn.Module):
-    """Call by keyword and return a plain tuple of tensors (loadable without transformers)."""
+    """Call positionally and return a plain tuple of tensors (loadable without transformers)."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, names: tuple[str, ...]) -> None:
         super().__init__()
         self.model = model
+        self.names = names
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, ...]:
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask)
+    def forward(
+        self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None
+    ) -> tuple[Tensor, ...]:
+        inputs = (input_ids, attention_mask, token_type_ids)
+        out = self.model(**dict(zip(self.names, inputs, strict=False)))
         return tuple(v.float() if v.is_floating_point() else v for v in output_tensors(out))
 
 
@@ -75,8 +81,9 @@ def export(
     overwrite: bool = False,
 ) -> Path:
     """Build an AOTInductor package for the shapes of example_inputs (input_ids and
-    attention_mask, [batch, seq]); with dynamic_seq, for any sequence length up to the
-    model's limit. The directory is written atomically (squant.files): a failed or killed
+    attention_mask, [batch, seq]; token_type_ids too for architectures with segments, zeros
+    when absent); with dynamic_seq, for any sequence length up to the model's limit. The
+    directory is written atomically (squant.files): a failed or killed
     export leaves a previous package intact."""
     config = config or CompileConfig()
     if "input_ids" not in example_inputs or "attention_mask" not in example_inputs:
@@ -105,13 +112,16 @@ def _export_into(
     for m in work.modules():  # the exported graph packs in-graph (see QuantLinear._packed)
         if isinstance(m, QuantLinear):
             del m._buffers["packed_weight"]
-    wrapped = _TupleOutputs(work).eval()
-    inputs = (example_inputs["input_ids"], example_inputs["attention_mask"])
+    names = input_names(work)
+    ids = example_inputs["input_ids"]
+    inputs = tuple(example_inputs.get(n, torch.zeros_like(ids)) for n in names)
+    wrapped = _TupleOutputs(work, names).eval()
     dynamic_shapes = None
     if dynamic_seq:
         seq = torch.export.Dim("seq", min=2, max=_max_positions(work))
-        dynamic_shapes = ({1: seq}, {1: seq})
-    with torch.no_grad():
+        dynamic_shapes = {n: {1: seq} for n in names}
+    with torch.no_grad():  # the original model: `work` no longer packs eagerly
+        output_names = list(named_tensors(model(**dict(zip(names, inputs, strict=True)))))
         try:
             program = torch.export.export(
                 wrapped, inputs, dynamic_shapes=dynamic_shapes, strict=False
@@ -133,18 +143,21 @@ def _export_into(
         "model_type": getattr(model.config, "model_type", None),
         "quantization": getattr(model, "squant_info", None),
         "float_dtype": str(dtype).replace("torch.", ""),
-        "inputs": ["input_ids", "attention_mask"],
+        "inputs": list(names),
         "outputs": len(program.graph_signature.user_outputs),
+        "output_names": output_names,
         "batch": int(inputs[0].shape[0]),
         "seq": None if dynamic_seq else int(inputs[0].shape[1]),
         "dynamic_seq": dynamic_seq,
         "max_seq": _max_positions(work) if dynamic_seq else int(inputs[0].shape[1]),
         "vocab_size": int(model.config.vocab_size),
+        "type_vocab_size": int(getattr(model.config, "type_vocab_size", 1) or 1),
         "sha256": _sha256(directory / PACKAGE),
         "built_on": {"cpu": cpu.model_name, "isa": list(cpu.isa), "int8_path": cpu.int8_path},
         "requires_isa": [f for f in REQUIRED_ISA if cpu.has(f)],
     }
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2))
+    model.config.save_pretrained(str(directory))  # labels, sizes: what a server reads
     if tokenizer is not None:
         tokenizer.save_pretrained(str(directory))
 
@@ -185,6 +198,21 @@ def load_exported(directory: str | Path, num_runners: int = 1) -> ExportedModel:
     return ExportedModel(runner, manifest)
 
 
+def load_packaged(directory: str | Path, num_runners: int = 1) -> PackagedEncoder:
+    """load_exported, called like the Hugging Face model (keyword inputs, named outputs),
+    with the model's config from the deploy directory (labels, sizes)."""
+    exported = load_exported(directory, num_runners)
+    config = None
+    if (Path(directory) / "config.json").is_file():
+        from transformers import AutoConfig
+
+        try:
+            config = AutoConfig.from_pretrained(str(directory))
+        except (OSError, ValueError) as e:
+            raise SquantError(f"{directory}/config.json is not a model config: {e}") from None
+    return PackagedEncoder(exported, config)
+
+
 def _typed(manifest: dict[str, Any], key: str, kind: type | tuple[type, ...], where: Path) -> Any:
     value = manifest.get(key)
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
@@ -195,7 +223,7 @@ def _typed(manifest: dict[str, Any], key: str, kind: type | tuple[type, ...], wh
 def read_manifest(path: Path) -> dict[str, Any]:
     """manifest.json, checked: format, version, torch version, and every field's type."""
     manifest = read_json_record(
-        path, FORMAT, FORMAT_VERSION, "a squant export manifest", "; export the model again"
+        path, FORMAT, READABLE_VERSIONS, "a squant export manifest", "; export the model again"
     )
     built = _typed(manifest, "torch_version", str, path)
     if built.split("+")[0] != torch.__version__.split("+")[0]:
@@ -218,6 +246,18 @@ def read_manifest(path: Path) -> dict[str, Any]:
     sha = _typed(manifest, "sha256", str, path)
     if len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
         raise SquantError(f"{path}: sha256 is not a SHA-256 hex digest")
+    if not isinstance(manifest.setdefault("type_vocab_size", 2), int) or isinstance(
+        manifest["type_vocab_size"], bool
+    ):
+        raise SquantError(f"{path}: field 'type_vocab_size' has the wrong type")
+    names = _typed(manifest, "inputs", list, path)
+    if names not in (list(MODEL_INPUT_KEYS[:2]), list(MODEL_INPUT_KEYS)):
+        raise SquantError(f"{path}: inputs must be {list(MODEL_INPUT_KEYS[:2])} or with segments")
+    outputs = _typed(manifest, "outputs", int, path)
+    manifest.setdefault("output_names", [f"output_{i}" for i in range(outputs)])  # version 2
+    out_names = _typed(manifest, "output_names", list, path)
+    if len(out_names) != outputs or not all(isinstance(n, str) for n in out_names):
+        raise SquantError(f"{path}: output_names must name each of the {outputs} outputs")
     return manifest
 
 
@@ -256,12 +296,18 @@ def check_package(path: Path, sha256: str) -> None:
 class ExportedModel:
     """Calls an AOTInductor package with checked inputs; returns its tuple of tensors.
 
-    runner(input_ids, attention_mask): [batch, seq] integer tensors, batch and seq as exported
-    (seq anywhere in [2, max_seq] for a dynamic_seq package), token ids in [0, vocab)."""
+    runner(input_ids, attention_mask[, token_type_ids]): [batch, seq] integer tensors, batch
+    and seq as exported (seq anywhere in [2, max_seq] for a dynamic_seq package), token ids
+    in [0, vocab). A package of an architecture with segments takes token_type_ids (zeros
+    when omitted); one without refuses non-zero segments rather than ignore them.
+    `load_packaged` gives the same package called like the Hugging Face model."""
 
     def __init__(self, runner: Any, manifest: dict[str, Any]) -> None:
         self.runner = runner
         self.manifest = manifest
+        self.input_names = tuple(manifest["inputs"])
+        self.output_names = tuple(manifest["output_names"])
+        self.type_vocab_size = int(manifest.get("type_vocab_size", 2))
 
     def _check(self, name: str, t: Any) -> Tensor:
         m = self.manifest
@@ -285,7 +331,9 @@ class ExportedModel:
             )
         return t.to(torch.int64).contiguous()
 
-    def __call__(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, ...]:
+    def __call__(
+        self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None
+    ) -> tuple[Tensor, ...]:
         ids = self._check("input_ids", input_ids)
         mask = self._check("attention_mask", attention_mask)
         if ids.shape != mask.shape:
@@ -298,7 +346,44 @@ class ExportedModel:
             )
         if not bool(((mask == 0) | (mask == 1)).all()):
             raise SquantError("attention_mask must hold only 0 and 1")
-        return tuple(self.runner(ids, mask))
+        inputs = [ids, mask]
+        if token_type_ids is not None:
+            types = self._check("token_type_ids", token_type_ids)
+            if types.shape != ids.shape:
+                raise SquantError(f"token_type_ids {tuple(types.shape)} and input_ids differ")
+            if "token_type_ids" not in self.input_names:
+                if bool(types.any()):
+                    raise SquantError("this package's model takes no token_type_ids (segments)")
+            elif int(types.min()) < 0 or int(types.max()) >= self.type_vocab_size:
+                raise SquantError(f"token_type_ids outside [0, {self.type_vocab_size})")
+            else:
+                inputs.append(types)
+        if len(inputs) < len(self.input_names):
+            inputs.append(torch.zeros_like(ids))
+        return tuple(self.runner(*inputs))
+
+    @property
+    def squant_info(self) -> Any:
+        return self.manifest.get("quantization")
+
+
+class PackagedEncoder(nn.Module):
+    """An exported package called like the Hugging Face model: keyword inputs, named outputs
+    (`out.last_hidden_state`, `out.logits`), `config` when the deploy directory has one."""
+
+    def __init__(self, exported: ExportedModel, config: Any = None) -> None:
+        super().__init__()
+        self.exported = exported
+        self.config = config
+        self.input_names = exported.input_names
+
+    @property
+    def squant_info(self) -> Any:
+        return self.exported.squant_info
+
+    def forward(self, **inputs: Tensor) -> NamedOutputs:
+        out = self.exported(**inputs)
+        return NamedOutputs(zip(self.exported.output_names, out, strict=True))
 
 
 def check_host(manifest: dict[str, Any]) -> None:

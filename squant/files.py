@@ -115,7 +115,12 @@ def _fsync_tree(root: Path) -> None:
 
 
 def read_json_record(
-    path: Path, fmt: str, version: int, what: str, fix: str = "", max_bytes: int | None = None
+    path: Path,
+    fmt: str,
+    version: int | tuple[int, ...],
+    what: str,
+    fix: str = "",
+    max_bytes: int | None = None,
 ) -> dict[str, Any]:
     """A JSON object squant wrote (`{"format": fmt, "format_version": version, ...}`), read
     without trusting it: size (when bounded), encoding, nesting depth, type, format and
@@ -130,9 +135,11 @@ def read_json_record(
         raise SquantError(f"{path} is nested too deeply to be {what}") from None
     if not isinstance(record, dict) or record.get("format") != fmt:
         raise SquantError(f"{path} is not {what}")
-    if record.get("format_version") != version:
+    versions = version if isinstance(version, tuple) else (version,)
+    found = record.get("format_version")
+    if isinstance(found, bool) or found not in versions:
         raise SquantError(
-            f"{path} has format version {record.get('format_version')!r}; this squant reads "
-            f"{version}{fix}"
+            f"{path} has format version {found!r}; this squant reads "
+            f"{' or '.join(map(str, versions))}{fix}"
         )
     return record

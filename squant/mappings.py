@@ -138,10 +138,20 @@ def layout_for(model: nn.Module) -> EncoderLayout:
 MODEL_INPUT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 
 
-def model_inputs(model: nn.Module, encoding: Mapping[str, Any]) -> dict[str, Any]:
+def input_names(model: Any) -> tuple[str, ...]:
+    """The inputs a model takes by keyword: stated by packaged models (`input_names`), else
+    the architecture's (compiled and shape-padded wrappers expose the model's config)."""
+    stated = getattr(model, "input_names", None)
+    if stated is not None:
+        return tuple(stated)
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    layout = LAYOUTS[model_type] if model_type in LAYOUTS else layout_for(model)  # raises
+    return MODEL_INPUT_KEYS if layout.token_types else MODEL_INPUT_KEYS[:2]
+
+
+def model_inputs(model: Any, encoding: Mapping[str, Any]) -> dict[str, Any]:
     """The entries of a tokenizer output this model's forward takes (by keyword)."""
-    keys = MODEL_INPUT_KEYS if layout_for(model).token_types else MODEL_INPUT_KEYS[:2]
-    return {k: encoding[k] for k in keys if k in encoding}
+    return {k: encoding[k] for k in input_names(model) if k in encoding}
 
 
 def max_positions(model: nn.Module) -> int:

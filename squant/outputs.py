@@ -23,3 +23,21 @@ def first_tensor(out: Any) -> Tensor:
     if not tensors:
         raise TypeError(f"the model returned no tensor ({type(out).__name__})")
     return tensors[0]
+
+
+def named_tensors(out: Any) -> dict[str, Tensor]:
+    """The tensors of a model output by field name (`output_i` for unnamed tuple entries)."""
+    if isinstance(out, Mapping):
+        return {k: v for k, v in out.items() if isinstance(v, Tensor)}
+    return {f"output_{i}": t for i, t in enumerate(output_tensors(out))}
+
+
+class NamedOutputs(dict):
+    """Named output tensors read like a transformers ModelOutput: `out.logits`,
+    `out["logits"]`, or in order. What packaged and shape-padded models return."""
+
+    def __getattr__(self, name: str) -> Tensor:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(f"no output {name!r} (the model has {list(self)})") from None

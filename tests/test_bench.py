@@ -61,7 +61,7 @@ def test_bench_command_writes_every_field(tiny_checkpoint, tmp_path, capsys):
             "bench",
             str(tiny_checkpoint),
             "--variants",
-            "fp32,static",
+            "fp32,static-compiled",
             "--seq",
             "16",
             "--instances",
@@ -91,7 +91,7 @@ def test_bench_command_writes_every_field(tiny_checkpoint, tmp_path, capsys):
         "memory_one_instance",
     ):
         assert key in record
-    for variant in ("fp32", "static"):
+    for variant in ("fp32", "static-compiled"):
         r = record["results"][variant]
         assert r["affinity_seen"] == [[CORES[0]], [CORES[1]]]
         assert r["sequences_per_s"] > 0

@@ -155,3 +155,20 @@ def test_eval_errors_are_one_line(tmp_path, capsys):
     code = main(["eval", str(ckpt), "--task", "probe", "--data", str(tmp_path / "tiny.jsonl")])
     assert code == 2
     assert "needs --train" in capsys.readouterr().err
+
+
+def test_compiled_variant_scores_what_the_eager_one_scores(tmp_path):
+    """eval scores deployable variants: the compiled model runs at the task's batch size,
+    padded to length buckets, and answers the same questions the same way."""
+    ckpt = _checkpoint(tmp_path / "qa", "question-answering")
+    data = _squad_file(tmp_path / "dev.json", n=16)
+    settings = EvalSettings(
+        batch_size=4, max_length=48, doc_stride=16, calib_size=4, progress=False
+    )
+    record = evaluate(ckpt, "squad", data, "static,static-compiled", settings=settings)
+    eager, compiled = record["results"]["static"], record["results"]["static-compiled"]
+    assert compiled["f1"] == pytest.approx(eager["f1"], abs=1e-6)
+    assert compiled["exact_match"] == pytest.approx(eager["exact_match"], abs=1e-6)
+    assert compiled["alpha_min"] == eager["alpha_min"]
+    with pytest.raises(SquantError, match="unknown variant 'static-onnx'"):
+        evaluate(ckpt, "squad", data, "static-onnx", settings=settings)

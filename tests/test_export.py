@@ -38,7 +38,7 @@ def test_package_runs_in_a_fresh_process_without_squant(exported, tmp_path):
         import sys, torch
         runner = torch._inductor.aoti_load_package({str(directory / "model.pt2")!r})
         x = torch.load({str(tmp_path / "inputs.pt")!r})
-        out = runner(x["input_ids"], x["attention_mask"])
+        out = runner(x["input_ids"], x["attention_mask"], torch.zeros_like(x["input_ids"]))
         torch.save(out[0], {str(tmp_path / "out.pt")!r})
         assert "squant" not in sys.modules and "transformers" not in sys.modules
         """
@@ -194,3 +194,50 @@ def test_the_runner_checks_its_inputs(exported):
     for args, message in cases:
         with pytest.raises(SquantError, match=message):
             runner(*args)
+
+
+def test_runner_takes_segments_where_the_architecture_has_them(exported):
+    directory, inputs, expected, q = exported
+    runner = squant.load_exported(directory)
+    assert runner.input_names == ("input_ids", "attention_mask", "token_type_ids")
+    ids, mask = inputs["input_ids"], inputs["attention_mask"]
+    types = torch.zeros_like(ids)
+    types[:, 6:] = 1  # a sentence pair: segments change the output
+    with torch.no_grad():
+        ref = q(input_ids=ids, attention_mask=mask, token_type_ids=types).logits
+    out = runner(ids, mask, types)[0]
+    torch.testing.assert_close(out, ref, rtol=1e-3, atol=1e-3 * float(ref.abs().max()))
+    assert not torch.allclose(out, expected)
+    with pytest.raises(SquantError, match=r"token_type_ids outside \[0, 2\)"):
+        runner(ids, mask, types * 2)
+
+
+def test_packaged_model_is_called_like_the_hf_model_at_any_batch(exported):
+    directory, _, _, q = exported  # exported for [4, 12]
+    from squant.shapes import PaddedShapes
+
+    packaged = squant.load_packaged(directory)
+    assert packaged.config.num_labels == q.config.num_labels  # config.json beside the package
+    assert packaged.squant_info["config"]["mode"] == "static"
+    shaped = PaddedShapes(packaged, batch=4, buckets=(12,))
+    for x in token_batches(n=2, batch=6, seq=7, seed=11):  # 6 rows, 7 and 10 tokens
+        with torch.no_grad():
+            ref = q(**x).logits
+        got = shaped(**x).logits
+        torch.testing.assert_close(got, ref, rtol=1e-3, atol=1e-3 * float(ref.abs().max()))
+
+
+def test_version_2_packages_still_load(exported, tmp_path):
+    directory, inputs, expected, _ = exported
+    import shutil
+
+    old = tmp_path / "old"
+    shutil.copytree(directory, old)
+    manifest = json.loads((old / MANIFEST).read_text())
+    manifest["format_version"] = 2
+    del manifest["output_names"], manifest["type_vocab_size"]
+    (old / MANIFEST).write_text(json.dumps(manifest))
+    runner = squant.load_exported(old)
+    assert runner.output_names == ("output_0",)
+    out = runner(inputs["input_ids"], inputs["attention_mask"])[0]
+    torch.testing.assert_close(out, expected, rtol=1e-3, atol=1e-3 * float(expected.abs().max()))

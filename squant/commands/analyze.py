@@ -21,7 +21,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--threads", type=positive_int, default=None, help="default: all of this process's"
     )
     p.add_argument("--bench", default=None, help="bench JSON for the realized-vs-ceiling table")
-    p.add_argument("--hotspots", default="bf16,static", help="variants to profile ('' = none)")
+    p.add_argument(
+        "--hotspots",
+        default="fp32,static",
+        help="precisions whose compiled model is profiled ('' = none)",
+    )
     p.add_argument("--json", default=None)
     p.add_argument("--png", default="roofline.png", help="roofline plot ('' = none)")
 
@@ -122,27 +126,22 @@ def _hotspots(model: Any, args: argparse.Namespace, variants: list[str]) -> dict
 
     from ..bench.configs import random_calibration, random_inputs
     from ..bench.hotspots import breakdown, profile
-    from ..compiler import CompileConfig, compile
-    from ..config import SmoothQuantConfig
-    from ..quantize import quantize
     from ..timing import measure
+    from ..variants import BuildContext, Variant, build, parse_variants
 
     inputs = random_inputs(model, args.batch, args.seq)
+    # random tokens are enough to place the time; accuracy is not measured here
+    context = BuildContext(
+        random_calibration(model), example_inputs=inputs, kernel_profile=True, progress=False
+    )
     out = {}
-    for v in variants:
-        if v in ("static", "dynamic"):
-            # random tokens are enough to place the time; accuracy is not measured here
-            base = quantize(
-                model, SmoothQuantConfig(mode=v), random_calibration(model), progress=False
-            )
-            cfg = CompileConfig(kernel_profile=True)
-        elif v in ("bf16", "fp32"):
-            base, cfg = model, CompileConfig(float_dtype=v, kernel_profile=True, attention="model")
-        else:
-            raise SquantError(f"--hotspots takes fp32, bf16, static, dynamic; got {v!r}")
+    for v in parse_variants(variants):
+        if v.runtime == "pt2":
+            raise SquantError(f"--hotspots profiles compiled models; {v.name} is a package")
+        v = Variant(v.precision, "compiled")  # a bare precision means its compiled model
         torch._dynamo.reset()
-        compiled = compile(base, cfg, inputs)
+        compiled = build(v, model, context)
         times = profile(lambda c=compiled: c(**inputs))
         ms = measure(lambda c=compiled: c(**inputs), min_seconds=1.0).median_ms
-        out[v] = {"percent": breakdown(times), "ms": ms}
+        out[v.precision] = {"percent": breakdown(times), "ms": ms}
     return out

@@ -16,8 +16,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="checkpoint directory or built-in config name (random weights)")
     p.add_argument(
         "--variants",
-        default="fp32,bf16,static,dynamic",
-        help="comma list of fp32, bf16, static, dynamic, static-pt2, dynamic-pt2 (AOTInductor)",
+        default="fp32-compiled,static-compiled,dynamic-compiled",
+        help="comma list of PRECISION[-RUNTIME] (fp32|bf16|static|dynamic, -compiled or -pt2; "
+        "no suffix: eager), as in squant eval",
     )
     p.add_argument("--batch", type=positive_int, default=1)
     p.add_argument("--seq", type=positive_int, default=256)
@@ -35,35 +36,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--png", default=None, help="throughput bar chart")
 
 
-def _bench_variant(
-    name: str, model: Any, inputs: dict, calibration: list, instances: int = 1
-) -> Any:
-    from ..compiler import CompileConfig, compile
-    from ..config import SmoothQuantConfig
-    from ..quantize import quantize
-
-    if name in ("fp32", "bf16"):  # what torch.compile gives: the model's own attention
-        return compile(model, CompileConfig(float_dtype=name, attention="model"), inputs)
-    if name in ("static", "dynamic"):
-        q = quantize(model, SmoothQuantConfig(mode=name), calibration, progress=False)
-        return compile(q, CompileConfig(), inputs)
-    if name in ("static-pt2", "dynamic-pt2"):  # the AOTInductor package, as deployed
-        import tempfile
-
-        from ..export import export, load_exported
-
-        mode = name.split("-")[0]
-        q = quantize(model, SmoothQuantConfig(mode=mode), calibration, progress=False)
-        directory = tempfile.mkdtemp(prefix="squant-bench-")
-        export(q, directory, inputs)
-        runner = load_exported(directory, num_runners=instances)
-        return lambda **x: runner(x["input_ids"], x["attention_mask"])
-    raise SquantError(
-        f"unknown variant {name!r}; choose from fp32, bf16, static, dynamic, static-pt2, "
-        "dynamic-pt2"
-    )
-
-
 def run(args: argparse.Namespace) -> None:
     import json
     import platform
@@ -75,8 +47,9 @@ def run(args: argparse.Namespace) -> None:
     from ..bench.configs import is_builtin, random_calibration, random_inputs
     from ..hardware import cpu_features
     from ..report import format_table
+    from ..variants import BuildContext, build, parse_variants
 
-    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    variants = [v.name for v in parse_variants(args.variants)]
     placement = runner.plan(args.instances, args.cores_per_instance)
     model = load_any(args.model)
     from ..mappings import max_positions
@@ -92,14 +65,20 @@ def run(args: argparse.Namespace) -> None:
     memory_one: dict[str, Any] = {}
     for name in tqdm(variants, desc="variants"):
         torch._dynamo.reset()
-        compiled = _bench_variant(name, model, inputs, calibration, placement.instances)
+        context = BuildContext(
+            calibration, example_inputs=inputs, instances=placement.instances, progress=False
+        )
+        compiled = build(name, model, context)
         fn = lambda c=compiled: c(**inputs)  # noqa: E731
         if name == variants[-1] and placement.instances > 1:
             single = runner.Placement(1, placement.cores_per_instance, placement.cores[:1])
             memory_one = runner.run(fn, single, duration_s=min(args.duration, 3.0))["memory"]
         results[name] = runner.run(fn, placement, duration_s=args.duration, batch=args.batch)
-    fp32 = results.get("fp32", {}).get("sequences_per_s")
-    bf16 = results.get("bf16", {}).get("sequences_per_s")
+    # the float baselines a ratio is taken against: the compiled one when both were run
+    fp32, bf16 = (
+        next((results[n]["sequences_per_s"] for n in (f"{p}-compiled", p) if n in results), None)
+        for p in ("fp32", "bf16")
+    )
     rows = []
     for name, r in results.items():
         worst = max((lat for lat in r["latency"] if lat), key=lambda lat: lat["median_ms"])

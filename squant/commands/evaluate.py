@@ -17,7 +17,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--task", required=True, choices=TASKS)
     p.add_argument("--data", required=True, help="the examples to score (SQuAD JSON, JSONL, TSV)")
     p.add_argument(
-        "--variants", default="fp32,static,dynamic", help="comma list: fp32,bf16,static,dynamic"
+        "--variants",
+        default="fp32,static,dynamic",
+        help="comma list of PRECISION[-RUNTIME]: fp32|bf16|static|dynamic, optionally -compiled "
+        "(squant.compile) or -pt2 (the exported package), e.g. fp32,static,static-pt2",
     )
     p.add_argument("--alpha", type=parse_alpha, default="auto")
     p.add_argument(

@@ -26,8 +26,7 @@ from ..mappings import max_positions
 from ..models import load_model, load_tokenizer
 from .nli import NLI_LABELS, Pairs, read_nli_jsonl
 from .probe import LinearProbe, accuracy, cosine_tail, embed, mean_cosine, pair_features
-from .task import Task
-from .variants import VariantContext, build_variant, parse_variants
+from .task import Task, score_variants
 
 
 @dataclass(frozen=True)
@@ -135,6 +134,8 @@ def prepare_probe(
         len(test_pairs),
         score,
         info,
+        batch_size=s.batch_size,
+        max_length=s.max_length,
     )
 
 
@@ -151,13 +152,7 @@ def evaluate_probe(
 ) -> dict[str, Any]:
     """Accuracy (percent) and embedding cosine vs FP32 per variant, plus timing."""
     task = prepare_probe(model_dir, test, train, limit, settings, cache_dir, progress)
-    ctx = VariantContext(calibration=task.calibration, alpha=alpha, progress=progress)
-    results: dict[str, dict[str, float]] = {}
-    for name in parse_variants(variants):
-        t0 = time.perf_counter()
-        variant = build_variant(name, task.model, ctx)
-        build_s = time.perf_counter() - t0
-        results[name] = {**task.score(variant, name), "build_seconds": build_s}
+    results = score_variants(task, variants, alpha, progress)
     return {
         "task": "probe",
         "model": str(model_dir),

@@ -8,8 +8,6 @@ held-apart slice at the end of the data file (those examples are then not scored
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -18,11 +16,11 @@ from ..data import read_texts, tokenize
 from ..errors import SquantError
 from ..mappings import max_positions
 from ..models import load_model, load_tokenizer
+from ..variants import parse_variants
 from . import classify, squad
 from .metrics import accuracy, relative_loss, squad_scores
 from .probe_eval import ProbeSettings, prepare_probe
-from .task import Task
-from .variants import VariantContext, build_variant, parse_variants
+from .task import Task, score_variants
 
 
 @dataclass(frozen=True)
@@ -50,28 +48,6 @@ def _hold_apart(items: list, calib_size: int, has_calib_file: bool, limit: int |
         )
     scored, rest = items[: len(items) - held], items[len(items) - held :]
     return (scored[:limit] if limit else scored), rest
-
-
-def _score_variants(
-    model: Any, variants: tuple[str, ...], ctx: VariantContext, score: Callable[[Any, str], dict]
-) -> dict[str, dict[str, float]]:
-    results = {}
-    for name in variants:
-        t0 = time.perf_counter()
-        variant = build_variant(name, model, ctx)
-        built = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        metrics = score(variant, name)
-        results[name] = {
-            **metrics,
-            "build_seconds": built,
-            "eval_seconds": time.perf_counter() - t0,
-        }
-        info = getattr(variant, "squant_info", None)
-        if info:  # the alpha actually used per linear (searched when alpha="auto")
-            alphas = [m["alpha"] for m in info["modules"].values()]
-            results[name]["alpha_min"], results[name]["alpha_max"] = min(alphas), max(alphas)
-    return results
 
 
 def squad_task(model_dir, data, limit, calib, s: EvalSettings) -> Task:
@@ -102,7 +78,17 @@ def squad_task(model_dir, data, limit, calib, s: EvalSettings) -> Task:
 
     calibration = _calibration(tok, calib_texts, s.max_length, model)
     info = {"squad_version": "2.0" if v2 else "1.1"}
-    return Task("squad", model, calibration, ("f1", "exact_match"), len(scored), score, info)
+    return Task(
+        "squad",
+        model,
+        calibration,
+        ("f1", "exact_match"),
+        len(scored),
+        score,
+        info,
+        batch_size=s.batch_size,
+        max_length=s.max_length,
+    )
 
 
 def classification_task(model_dir, data, limit, calib, s: EvalSettings, name: str) -> Task:
@@ -132,7 +118,16 @@ def classification_task(model_dir, data, limit, calib, s: EvalSettings, name: st
         return {"accuracy": accuracy(pred, gold)}
 
     calibration = _calibration(tok, calib_texts, max_len, model)
-    return Task(name, model, calibration, ("accuracy",), len(scored), score)
+    return Task(
+        name,
+        model,
+        calibration,
+        ("accuracy",),
+        len(scored),
+        score,
+        batch_size=s.batch_size,
+        max_length=max_len,
+    )
 
 
 TASKS = ("squad", "mnli", "snli", "glue", "probe")
@@ -176,10 +171,9 @@ def evaluate(
 ) -> dict[str, Any]:
     """Metric(s) per variant, percent; with relative loss vs FP32 when FP32 is among them."""
     s = settings or EvalSettings()
-    names = parse_variants(variants)
+    parse_variants(variants)  # a typo fails before the model loads
     t = prepare_task(model_dir, task, data, limit, calib, train, s)
-    ctx = VariantContext(t.calibration, alpha, s.progress)
-    results = _score_variants(t.model, names, ctx, t.score)
+    results = score_variants(t, variants, alpha, s.progress)
     fp32 = results.get("fp32")
     if fp32 is not None:
         for r in results.values():

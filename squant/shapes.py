@@ -1,0 +1,118 @@
+"""A bounded set of input shapes for compiled and packaged models.
+
+Compiled code specializes on shapes (torch.compile recompiles per new shape and gives up after
+8; an AOTInductor package accepts only the batch it was exported for), while eval batches and
+served requests come in any size and length. `PaddedShapes` pads every call up to a fixed
+batch and to the next of a few sequence-length buckets, runs the model, and cuts the outputs
+back, so the model sees at most len(buckets) shapes. Batches larger than the fixed batch run in
+chunks. Padding changes nothing a user reads: padded positions are masked out of attention,
+and the GEMMs, LayerNorm and per-token (dynamic) quantization treat every row on its own;
+padded rows repeat real rows, so no all-masked row ever runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .errors import SquantError
+from .outputs import NamedOutputs, named_tensors
+
+# sequence-length buckets squant compiles and serves (powers of two up to BERT's 512)
+BUCKETS = (16, 32, 64, 128, 256, 512)
+# outputs with one entry per token besides the 3-D ones ([batch, seq, ...])
+PER_TOKEN_2D = frozenset({"start_logits", "end_logits"})
+
+
+def buckets_up_to(max_seq: int, buckets: Sequence[int] = BUCKETS) -> tuple[int, ...]:
+    """The buckets below max_seq, then max_seq itself (the longest input is one bucket)."""
+    return (*(b for b in buckets if b < max_seq), max_seq)
+
+
+class PaddedShapes(nn.Module):
+    """Runs `model` only at [batch, bucket] shapes (see the module docstring).
+
+    buckets=None: any sequence length from min_seq up passes unpadded (a package exported
+    with a dynamic sequence length); only the batch is fixed."""
+
+    def __init__(
+        self,
+        model: Any,
+        batch: int,
+        buckets: Sequence[int] | None,
+        pad_token_id: int = 0,
+        min_seq: int = 1,
+    ) -> None:
+        super().__init__()
+        if batch < 1:
+            raise SquantError(f"batch must be >= 1, got {batch}")
+        self.model = model
+        self.batch = batch
+        self.buckets = tuple(sorted(buckets)) if buckets is not None else None
+        self.pad_token_id = pad_token_id
+        self.min_seq = min_seq
+
+    # the wrapped model's facts, for callers that read them (model_inputs, eval reports)
+    @property
+    def config(self) -> Any:
+        return getattr(self.model, "config", None)
+
+    @property
+    def input_names(self) -> Any:
+        return getattr(self.model, "input_names", None)
+
+    @property
+    def squant_info(self) -> Any:
+        return getattr(self.model, "squant_info", None)
+
+    def seq_for(self, seq: int) -> int:
+        if self.buckets is None:
+            return max(seq, self.min_seq)
+        for b in self.buckets:
+            if seq <= b:
+                return b
+        raise SquantError(
+            f"sequence length {seq} exceeds the longest compiled shape ({self.buckets[-1]})"
+        )
+
+    def pad(self, inputs: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        """inputs ([rows <= batch, seq]) padded to [batch, seq_for(seq)]."""
+        rows, seq = inputs["input_ids"].shape
+        if rows > self.batch:
+            raise SquantError(f"{rows} rows exceed the fixed batch {self.batch}")
+        target = self.seq_for(seq)
+        out = {}
+        for name, t in inputs.items():
+            if target > seq:
+                fill = self.pad_token_id if name == "input_ids" else 0
+                t = nn.functional.pad(t, (0, target - seq), value=fill)
+            if rows < self.batch:  # repeat real rows (cyclically): no all-masked row runs
+                t = t[torch.arange(self.batch) % rows]
+            out[name] = t
+        return out
+
+    def _cut(self, out: Any, rows: int, seq: int) -> dict[str, Tensor]:
+        cut = {}
+        for name, t in named_tensors(out).items():
+            t = t[:rows]
+            if t.dim() >= 3 or name in PER_TOKEN_2D:
+                t = t[:, :seq]
+            cut[name] = t
+        return cut
+
+    @torch.no_grad()
+    def forward(self, **inputs: Tensor) -> NamedOutputs:
+        rows, seq = inputs["input_ids"].shape
+        parts = []
+        for start in range(0, rows, self.batch):
+            chunk = {k: v[start : start + self.batch] for k, v in inputs.items()}
+            n = chunk["input_ids"].shape[0]
+            exact = n == self.batch and self.seq_for(seq) == seq
+            out = self.model(**(chunk if exact else self.pad(chunk)))
+            parts.append(self._cut(out, n, seq))
+        if len(parts) == 1:
+            return NamedOutputs(parts[0])
+        return NamedOutputs({k: torch.cat([p[k] for p in parts]) for k in parts[0]})
