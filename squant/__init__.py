@@ -1,6 +1,6 @@
 """squant: SmoothQuant INT8 for BERT-family encoders on CPUs, with PyTorch alone."""
 
-from . import variants
+from . import models, sentence_transformer, variants
 from .compiler import CompileConfig, compile
 from .config import SmoothQuantConfig
 from .errors import SquantError
@@ -18,8 +18,10 @@ __all__ = [
     "load",
     "load_exported",
     "load_packaged",
+    "models",
     "quantize",
     "save",
+    "sentence_transformer",
     "smooth",
     "variants",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +30,37 @@ WEIGHT_FILES = (
 )
 
 
+# what a checkpoint needs from the Hub: configs, tokenizers, safetensors weights, the
+# sentence-transformers module folders; not the .bin/ONNX/OpenVINO copies many repos also hold
+HUB_FILES = ("*.json", "*.txt", "*.model", "*.safetensors", "*/*.json")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
+
+
+def looks_like_hub_id(name: str) -> bool:
+    """`bert-base-uncased` or `org/name`: not a path that exists, not an explicit path."""
+    return bool(_HUB_ID.match(name)) and not name.startswith(".") and ".." not in name
+
+
+def resolve(path: str | Path) -> Path:
+    """A local directory, or a Hugging Face Hub id fetched the ordinary way (huggingface_hub's
+    cache honoured, HF_HUB_OFFLINE too); a missing path or an unreachable Hub is one line."""
+    local = Path(path)
+    if local.exists() or not looks_like_hub_id(str(path)):
+        return local
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(str(path), allow_patterns=list(HUB_FILES)))
+    except Exception as e:  # offline, unknown repo, gated: huggingface_hub has many errors
+        raise SquantError(
+            f"{path} is not a local directory, and fetching it from the Hugging Face Hub failed "
+            f"({type(e).__name__}: {_first_line(e)[:160]}); offline, pass a local checkpoint "
+            "directory or fill the Hub cache first"
+        ) from None
+
+
 def _check_dir(path: str | Path, need_config: bool = True) -> Path:
-    path = Path(path)
+    path = resolve(path)
     if not path.exists():
         raise SquantError(f"checkpoint directory {path} does not exist")
     if not path.is_dir():
@@ -73,7 +103,7 @@ def model_class(config: Any, task: str = "auto") -> type[nn.Module]:
 def load_model(path: str | Path, task: str = "auto") -> nn.Module:
     """A float32 model in eval mode from a local checkpoint directory."""
     config = load_config(path)
-    path = Path(path)
+    path = resolve(path)
     if not any((path / f).is_file() for f in WEIGHT_FILES):
         raise SquantError(f"{path} has no weights ({' or '.join(WEIGHT_FILES[::2])})")
     cls = model_class(config, task)

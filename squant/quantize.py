@@ -31,6 +31,7 @@ from .config import SmoothQuantConfig
 from .errors import SquantError
 from .mappings import EncoderLayout, fusable_activation, layout_for
 from .qlinear import QuantLinear, SmoothedLinear
+from .sentence_transformer import is_sentence_transformer
 from .smooth import search_alpha, smoothing_factors, weight_channel_absmax
 
 
@@ -234,8 +235,14 @@ def quantize(
 
     calibration: an iterable of tokenizer outputs (dicts with input_ids, attention_mask, ...)
     or input_ids tensors; a few dozen sentences of the target domain are enough.
+    A sentence-transformers model is accepted too (its transformer is quantized, the rest
+    kept; calibration may then be plain texts): see sentence_transformer.py.
     """
     config = config or SmoothQuantConfig()
+    if is_sentence_transformer(model):  # its HF model is quantized; pooling etc. kept
+        from . import sentence_transformer
+
+        return sentence_transformer.quantize(model, config, calibration, inplace, progress)
     if not int8.onednn_available():
         raise SquantError("this PyTorch build has no oneDNN (mkldnn): squant needs an x86-64 CPU")
     model, layout, sites, batches = _prepare(model, calibration, config.exclude, inplace)

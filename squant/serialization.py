@@ -28,13 +28,14 @@ import torch
 import transformers
 from torch import nn
 
-from . import int8
+from . import int8, sentence_transformer
 from .config import MODES, SmoothQuantConfig
 from .errors import SquantError
 from .files import atomic_directory, read_json_record
 from .mappings import SUPPORTED_CLASSES, layout_for
 from .qlinear import QuantLinear
 from .quantize import encoder_layers, find_sites, fuse_attention
+from .sentence_transformer import is_sentence_transformer
 from .version import __version__
 
 FORMAT = "squant"
@@ -56,6 +57,9 @@ def save(
     Refused: a directory holding files squant did not write (unless overwrite=True), and one
     that is, contains or lies inside the checkpoint the model was loaded from (or `protect`).
     """
+    st = model if is_sentence_transformer(model) else None
+    if st is not None:  # its HF model in squant's format, its other modules as they were
+        model, tokenizer = sentence_transformer.inner_model(st), tokenizer or st.tokenizer
     info = getattr(model, "squant_info", None)
     if info is None:
         raise SquantError("this model was not quantized by squant.quantize(); nothing to save")
@@ -76,6 +80,8 @@ def save(
         (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True))
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp))
+        if st is not None:
+            sentence_transformer.save_files(st, tmp)
     return Path(directory)
 
 
@@ -259,8 +265,9 @@ def _check_values(model: nn.Module, where: Path) -> None:
             raise SquantError(f"{where}: tensor {key} holds NaN or infinite values")
 
 
-def load(directory: str | Path) -> nn.Module:
-    """Rebuild a quantized model saved with squant.save(); eval mode, ready to run."""
+def load(directory: str | Path) -> Any:
+    """Rebuild a quantized model saved with squant.save(); eval mode, ready to run. A
+    directory saved from a SentenceTransformer gives a SentenceTransformer back."""
     directory = Path(directory)
     meta = read_meta(directory)
     where = str(directory / CONFIG_FILE)
@@ -298,6 +305,8 @@ def load(directory: str | Path) -> nn.Module:
         raise SquantError(f"cannot load {weights}: {first}") from None
     _check_values(model, directory)
     model.squant_info = quantization
+    if sentence_transformer.is_sentence_transformer_dir(directory):
+        return sentence_transformer.load(directory, model.eval())
     return model.eval()
 
 

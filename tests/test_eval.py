@@ -172,3 +172,31 @@ def test_compiled_variant_scores_what_the_eager_one_scores(tmp_path):
     assert compiled["alpha_min"] == eager["alpha_min"]
     with pytest.raises(SquantError, match="unknown variant 'static-onnx'"):
         evaluate(ckpt, "squad", data, "static-onnx", settings=settings)
+
+
+def test_probe_scores_a_compiled_variant_of_a_base_model(tmp_path):
+    from squant.eval.probe_eval import ProbeSettings, evaluate_probe
+
+    ckpt = _checkpoint(tmp_path / "base", "base")
+    labels = ("entailment", "neutral", "contradiction")
+    rows = [
+        json.dumps({"sentence1": f"the {a} sat", "sentence2": f"a {b} runs", "gold_label": lab})
+        for i, (a, b) in enumerate(zip(WORDS * 3, reversed(WORDS * 3), strict=True))
+        for lab in [labels[i % 3]]
+    ]
+    (tmp_path / "train.jsonl").write_text("\n".join(rows))
+    (tmp_path / "test.jsonl").write_text("\n".join(rows[:20]))
+    settings = ProbeSettings(train_pairs=60, calib_sentences=8, batch_size=8, max_length=16)
+    record = evaluate_probe(
+        ckpt,
+        tmp_path / "test.jsonl",
+        tmp_path / "train.jsonl",
+        variants="fp32,static-compiled",
+        settings=settings,
+        cache_dir=tmp_path / "cache",
+        progress=False,
+    )
+    fp32, compiled = record["results"]["fp32"], record["results"]["static-compiled"]
+    assert fp32["embedding_cosine"] == pytest.approx(1.0)
+    assert 0.95 < compiled["embedding_cosine"] < 1.0  # int8: close, never identical
+    assert compiled["cosine_min"] <= compiled["embedding_cosine"]

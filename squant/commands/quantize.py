@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from ..errors import SquantError
@@ -12,7 +13,11 @@ HELP = "SmoothQuant INT8 a checkpoint and save it"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("checkpoint", help="local Hugging Face checkpoint directory")
+    p.add_argument(
+        "checkpoint",
+        help="Hugging Face checkpoint: a local directory or a Hub id (sentence-transformers "
+        "directories keep their pooling and normalisation)",
+    )
     p.add_argument("--calib", required=True, help="calibration texts (.txt, .tsv or .jsonl)")
     p.add_argument("--out", required=True, help="output directory for the quantized model")
     p.add_argument(
@@ -43,18 +48,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from .. import data, models
+    from .. import data, models, sentence_transformer
     from ..files import check_output_dir
     from ..mappings import max_positions
     from ..quantize import quantize
     from ..serialization import CONFIG_FILE, save
 
     config = config_from_args(args)
+    args.checkpoint = str(models.resolve(args.checkpoint))  # a Hub id becomes its cache folder
     models.load_config(args.checkpoint)  # a bad checkpoint is named before a bad --out
     # every reason the output would be refused, found before minutes of calibration
     check_output_dir(args.out, CONFIG_FILE, [args.checkpoint], args.overwrite)
     texts = data.read_texts(args.calib, limit=args.calib_size)
-    model = models.load_model(args.checkpoint, args.task)
+    st = None
+    if args.task == "auto" and sentence_transformer.is_sentence_transformer_dir(args.checkpoint):
+        st = sentence_transformer.load_float(args.checkpoint)
+        if st is None:
+            print(
+                "note: a sentence-transformers directory, but sentence-transformers is not "
+                "installed: quantizing its Hugging Face model only (pip install 'squant[st]' "
+                "to keep its pooling and normalisation)",
+                file=sys.stderr,
+            )
+    model = (
+        sentence_transformer.inner_model(st)
+        if st is not None
+        else models.load_model(args.checkpoint, args.task)
+    )
     limit = max_positions(model)
     max_length = args.max_length or min(128, limit)
     if max_length > limit:
@@ -62,10 +82,15 @@ def run(args: argparse.Namespace) -> None:
     tokenizer = models.load_tokenizer(args.checkpoint)
     coverage = None if args.no_coverage else min(args.coverage_length or limit, limit)
     batches = data.tokenize(tokenizer, texts, args.batch_size, max_length, coverage)
-    qmodel = quantize(model, config, batches, inplace=True)
+    quantized = quantize(st if st is not None else model, config, batches, inplace=True)
     out = save(
-        qmodel, args.out, tokenizer=tokenizer, overwrite=args.overwrite, protect=(args.checkpoint,)
+        quantized,
+        args.out,
+        tokenizer=tokenizer,
+        overwrite=args.overwrite,
+        protect=(args.checkpoint,),
     )
+    qmodel = sentence_transformer.inner_model(quantized) if st is not None else quantized
     n = len(qmodel.squant_info["modules"])
     seen = qmodel.squant_info["calibration"]
     size = sum(f.stat().st_size for f in Path(out).glob("*.safetensors")) / 2**20
@@ -73,4 +98,5 @@ def run(args: argparse.Namespace) -> None:
         f"quantized {n} linears of {type(qmodel).__name__} ({config.mode}, alpha={config.alpha}) "
         f"with {len(texts)} calibration texts ({seen['sequences']} sequences of "
         f"{seen['min_length']}-{seen['max_length']} tokens) -> {out} ({size:.1f} MiB)"
+        + ("; a SentenceTransformer: load it with squant.load" if st is not None else "")
     )

@@ -62,8 +62,9 @@ def embed(
 
 
 def last_hidden_state(model: nn.Module, inputs: dict[str, Tensor]) -> Tensor:
-    """The encoder's last hidden states, for a base model or one with a task head."""
-    if model.base_model is model:
+    """The encoder's last hidden states, for a base model or one with a task head (compiled
+    and packaged variants of a base model have no `base_model`: their first output is it)."""
+    if getattr(model, "base_model", model) is model:
         return model(**inputs).last_hidden_state
     return model(**inputs, output_hidden_states=True).hidden_states[-1]
 

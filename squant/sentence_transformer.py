@@ -1,0 +1,182 @@
+"""sentence-transformers models in squant: quantize, save and load them as what they are.
+
+    st = SentenceTransformer("all-MiniLM-L6-v2/")
+    q = squant.quantize(st, SmoothQuantConfig(), calibration)   # a SentenceTransformer again
+    q.encode(["a sentence"])                                     # pooling, normalising unchanged
+    squant.save(q, "minilm-int8/"); q2 = squant.load("minilm-int8/")
+
+Only the transformer inside is quantized (its Hugging Face model); pooling, normalisation,
+prompts and the similarity function stay as they were. A saved directory is the
+sentence-transformers layout (modules.json, sentence_bert_config.json, 1_Pooling/ ...) with
+squant's files at the transformer's place (squant.json, model.safetensors, tokenizer) and no
+config.json there, so `SentenceTransformer(dir)` alone fails loudly instead of loading INT8
+tensors into a float model: `squant.load(dir)` is the one call that gives it back.
+
+sentence-transformers builds its Transformer module only from a float checkpoint on disk, so
+loading builds it from a stand-in (the real config with no layers and a 2-token vocabulary,
+a few hundred KB in a temporary directory) and then puts the INT8 model in its place.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from .errors import SquantError
+
+MODULES_FILE = "modules.json"
+# files of the transformer's place that belong to the float checkpoint, never copied over
+_FLOAT_MODEL_FILES = ("config.json", "model.safetensors", "pytorch_model.bin")
+
+
+def is_sentence_transformer(model: Any) -> bool:
+    """A SentenceTransformer (or CrossEncoder-like module list) whose first module wraps a
+    Hugging Face model; checked by shape, so squant imports sentence-transformers lazily."""
+    first = next(iter(model), None) if isinstance(model, nn.Sequential) else None
+    return first is not None and isinstance(getattr(first, "auto_model", None), nn.Module)
+
+
+def is_sentence_transformer_dir(directory: str | Path) -> bool:
+    return (Path(directory) / MODULES_FILE).is_file()
+
+
+def inner_model(st: Any) -> nn.Module:
+    return st[0].auto_model
+
+
+def _set_inner(st: Any, model: nn.Module) -> None:
+    # sentence-transformers 5+ keeps the HF model as `model` (`auto_model` reads it)
+    module = st[0]
+    if hasattr(module, "model"):
+        module.model = model
+    else:
+        module.auto_model = model
+
+
+def with_inner(st: Any, model: nn.Module) -> Any:
+    """A copy of the SentenceTransformer with its Hugging Face model replaced (the old one is
+    not copied)."""
+    import copy
+
+    old = inner_model(st)
+    memo = {id(old): model}  # deepcopy everything else, put `model` in the old one's place
+    return copy.deepcopy(st, memo)
+
+
+def _require() -> Any:
+    try:
+        import sentence_transformers
+    except ImportError:
+        raise SquantError(
+            "this is a sentence-transformers model: pip install 'squant[st]' to load it"
+        ) from None
+    return sentence_transformers
+
+
+def _transformer_place(directory: Path) -> None:
+    """squant keeps the INT8 model at the directory's root: the transformer must live there
+    (what sentence-transformers itself writes)."""
+    try:
+        modules = json.loads((directory / MODULES_FILE).read_text())
+        place = next(m["path"] for m in modules if m["idx"] == 0)
+    except (OSError, ValueError, KeyError, TypeError, StopIteration) as e:
+        raise SquantError(
+            f"{directory / MODULES_FILE} is not a sentence-transformers module list ({e})"
+        ) from None
+    if place != "":
+        raise SquantError(
+            f"{directory}: the transformer module lives in {place!r}; squant supports "
+            "sentence-transformers directories with the transformer at the root"
+        )
+
+
+def save_files(st: Any, directory: Path) -> None:
+    """Everything of the SentenceTransformer but its transformer's weights, into directory
+    (which squant.save fills with the INT8 model): written by sentence-transformers itself
+    for a copy around a stand-in model, then moved over without the stand-in's files."""
+    with tempfile.TemporaryDirectory(prefix="squant-st-") as scratch:
+        with_inner(st, _stand_in(inner_model(st).config)).save(scratch)
+        _transformer_place(Path(scratch))
+        for item in Path(scratch).iterdir():
+            target = directory / item.name
+            if item.name not in _FLOAT_MODEL_FILES and not target.exists():  # squant's win
+                shutil.move(str(item), str(target))
+
+
+def _stand_in(config: Any) -> nn.Module:
+    """The float model sentence-transformers is built around at load: the real config with
+    no layers and a 2-token vocabulary (its weights are never used)."""
+    import transformers
+
+    small = config.__class__.from_dict({**config.to_dict(), "vocab_size": 2})
+    for key in ("num_hidden_layers", "n_layers"):
+        if hasattr(small, key):
+            setattr(small, key, 0)
+    return transformers.AutoModel.from_config(small).eval()
+
+
+def load_float(directory: str | Path) -> Any | None:
+    """The float SentenceTransformer in a local directory; None when sentence-transformers is
+    not installed (the caller then works on the Hugging Face model alone and says so)."""
+    try:
+        import sentence_transformers
+    except ImportError:
+        return None
+    _transformer_place(Path(directory))
+    try:
+        return sentence_transformers.SentenceTransformer(
+            str(directory), device="cpu", local_files_only=True
+        ).eval()
+    except Exception as e:  # sentence-transformers raises many kinds
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        raise SquantError(f"cannot load {directory} as a SentenceTransformer: {first}") from None
+
+
+def load(directory: str | Path, model: nn.Module) -> Any:
+    """The SentenceTransformer saved in directory, around `model` (squant.load's INT8 model)."""
+    st_lib = _require()
+    directory = Path(directory)
+    _transformer_place(directory)
+    with tempfile.TemporaryDirectory(prefix="squant-st-") as scratch:
+        root = str(directory)
+        skip = lambda folder, names: (  # noqa: E731  squant's INT8 files, not the modules'
+            [n for n in names if n.endswith(".safetensors") or n == "squant.json"]
+            if folder == root
+            else []
+        )
+        shutil.copytree(directory, scratch, dirs_exist_ok=True, ignore=skip)
+        _stand_in(model.config).save_pretrained(scratch)
+        try:
+            st = st_lib.SentenceTransformer(scratch, device="cpu", local_files_only=True)
+        except Exception as e:  # sentence-transformers raises many kinds
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+            raise SquantError(
+                f"cannot load {directory} as a SentenceTransformer: {first}"
+            ) from None
+    _set_inner(st, model)
+    return st.eval()
+
+
+def quantize(st: Any, config: Any, calibration: Any, inplace: bool, progress: bool) -> Any:
+    """squant.quantize of a SentenceTransformer: its HF model quantized, the rest kept.
+    calibration may be texts here (tokenized by the model's own tokenizer, with squant's
+    coverage inputs, as `squant quantize` does) besides tokenizer outputs."""
+    from .data import tokenize
+    from .mappings import max_positions
+    from .quantize import quantize as quantize_model
+
+    inner = inner_model(st)
+    items = list(calibration) if calibration is not None else []
+    if items and all(isinstance(t, str) for t in items):
+        limit = min(max_positions(inner), st.max_seq_length or max_positions(inner))
+        items = tokenize(st.tokenizer, items, 16, min(128, limit), coverage_length=limit)
+    q = quantize_model(inner, config, items, inplace=inplace, progress=progress)
+    if inplace:
+        _set_inner(st, q)
+        return st
+    return with_inner(st, q)

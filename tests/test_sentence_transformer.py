@@ -1,0 +1,120 @@
+"""sentence-transformers models through squant (quantize, encode, save, load, the CLI) and
+Hub ids resolved through the huggingface_hub cache. Skipped where sentence-transformers is
+not installed (the `st` extra)."""
+
+import shutil
+
+import pytest
+import torch
+
+import squant
+from squant.cli import main
+from squant.errors import SquantError
+from squant.models import looks_like_hub_id, resolve
+from squant.qlinear import QuantLinear
+from tests.conftest import WORDS
+
+st_lib = pytest.importorskip("sentence_transformers", reason="pip install 'squant[st]'")
+
+TEXTS = [" ".join(WORDS[i : i + 3 + i % 7]) for i in range(len(WORDS) - 10)]
+
+
+@pytest.fixture(scope="module")
+def st_dir(tiny_checkpoint, tmp_path_factory):
+    """A sentence-transformers directory (transformer at the root, mean pooling, normalise)
+    around the tiny BERT, as sentence-transformers itself writes it."""
+    try:  # sentence-transformers 6 moved its module classes
+        from sentence_transformers.sentence_transformer import modules as models
+    except ImportError:
+        from sentence_transformers import models
+
+    transformer = models.Transformer(str(tiny_checkpoint), max_seq_length=48)
+    pooling = models.Pooling(transformer.get_embedding_dimension(), "mean")
+    model = st_lib.SentenceTransformer(modules=[transformer, pooling, models.Normalize()])
+    path = tmp_path_factory.mktemp("st") / "tiny-st"
+    model.save(str(path))
+    return path
+
+
+def _float(st_dir):
+    return st_lib.SentenceTransformer(str(st_dir), device="cpu")
+
+
+def test_quantize_keeps_pooling_and_normalisation(st_dir):
+    float_model = _float(st_dir)
+    q = squant.quantize(float_model, squant.SmoothQuantConfig(), TEXTS, progress=False)
+    assert isinstance(q, st_lib.SentenceTransformer)
+    inner = q[0].auto_model
+    assert any(isinstance(m, QuantLinear) for m in inner.modules())
+    assert not any(isinstance(m, QuantLinear) for m in float_model.modules())  # untouched
+    assert [type(m).__name__ for m in q] == ["Transformer", "Pooling", "Normalize"]
+    ref = float_model.encode(TEXTS, convert_to_tensor=True)
+    got = q.encode(TEXTS, convert_to_tensor=True)
+    assert got.shape == ref.shape
+    assert torch.allclose(got.norm(dim=-1), torch.ones(len(TEXTS)), atol=1e-4)  # normalised
+    cos = torch.nn.functional.cosine_similarity(ref, got)
+    assert float(cos.min()) > 0.98, float(cos.min())
+
+
+def test_save_and_load_give_the_same_sentence_transformer(st_dir, tmp_path):
+    q = squant.quantize(_float(st_dir), squant.SmoothQuantConfig(), TEXTS, progress=False)
+    out = squant.save(q, tmp_path / "int8")
+    names = {p.name for p in out.iterdir()}
+    assert {"modules.json", "1_Pooling", "squant.json", "model.safetensors"} <= names
+    assert "config.json" not in names  # so a plain float load cannot pick up INT8 tensors
+    back = squant.load(out)
+    assert isinstance(back, st_lib.SentenceTransformer)
+    torch.testing.assert_close(
+        back.encode(TEXTS, convert_to_tensor=True), q.encode(TEXTS, convert_to_tensor=True)
+    )
+    with pytest.raises(Exception):  # noqa: B017, PT011  a loud failure, never random weights
+        st_lib.SentenceTransformer(str(out), device="cpu")
+
+
+def test_quantize_command_on_a_sentence_transformers_directory(st_dir, calib_jsonl, tmp_path):
+    out = tmp_path / "q"
+    code = main(["quantize", str(st_dir), "--calib", str(calib_jsonl), "--out", str(out)])
+    assert code == 0
+    back = squant.load(out)
+    assert isinstance(back, st_lib.SentenceTransformer)
+    ref = _float(st_dir).encode(TEXTS[:8], convert_to_tensor=True)
+    got = back.encode(TEXTS[:8], convert_to_tensor=True)
+    assert float(torch.nn.functional.cosine_similarity(ref, got).min()) > 0.98
+
+
+def test_a_transformer_outside_the_root_is_refused(st_dir, tmp_path):
+    import json
+
+    moved = tmp_path / "moved"
+    shutil.copytree(st_dir, moved)
+    modules = json.loads((moved / "modules.json").read_text())
+    modules[0]["path"] = "0_Transformer"
+    (moved / "modules.json").write_text(json.dumps(modules))
+    with pytest.raises(SquantError, match="supports sentence-transformers directories"):
+        squant.sentence_transformer.load_float(moved)
+
+
+# --- Hub ids ---------------------------------------------------------------------------------
+
+
+def test_hub_ids_and_paths_are_told_apart():
+    assert looks_like_hub_id("bert-base-uncased")
+    assert looks_like_hub_id("sentence-transformers/all-MiniLM-L6-v2")
+    for path in ("./model", "../x", "/abs/path", "a/b/c", "dir/"):
+        assert not looks_like_hub_id(path)
+
+
+def test_a_hub_id_resolves_through_the_cache_offline(tiny_checkpoint, tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    snapshot = tmp_path / "models--acme--tiny-bert" / "snapshots" / ("0" * 40)
+    shutil.copytree(tiny_checkpoint, snapshot)
+    (tmp_path / "models--acme--tiny-bert" / "refs").mkdir()
+    (tmp_path / "models--acme--tiny-bert" / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    assert resolve("acme/tiny-bert") == snapshot
+    model = squant.models.load_model("acme/tiny-bert")
+    assert type(model).__name__ == "BertForSequenceClassification"
+    with pytest.raises(SquantError, match="fetching it from the Hugging Face Hub failed"):
+        resolve("acme/not-cached")
