@@ -4,13 +4,14 @@ from . import models, sentence_transformer, variants
 from .compiler import CompileConfig, compile
 from .config import SmoothQuantConfig
 from .errors import SquantError
-from .export import export, load_exported, load_packaged
+from .export import ExportConfig, export, load_exported, load_packaged
 from .quantize import quantize, smooth
 from .serialization import load, save
 from .version import __version__ as __version__
 
 __all__ = [
     "CompileConfig",
+    "ExportConfig",
     "SmoothQuantConfig",
     "SquantError",
     "compile",

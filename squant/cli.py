@@ -8,11 +8,12 @@ import os
 import sys
 from typing import NoReturn
 
-from .commands import analyze, bench, evaluate, quantize, serve, tune
+from .commands import analyze, bench, evaluate, export, quantize, serve, tune
 from .errors import SquantError
 
 COMMANDS = {
     "quantize": quantize,
+    "export": export,
     "eval": evaluate,
     "tune": tune,
     "analyze": analyze,

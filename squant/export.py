@@ -28,6 +28,7 @@ import hashlib
 import json
 import zipfile
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from .attention import SQUANT_ATTENTION, FusedSelfAttention, register_squant_attention
-from .compiler import CompileConfig, cast_float_parts
+from .compiler import CompileConfig, FloatDtype, cast_float_parts
 from .errors import SquantError
 from .files import atomic_directory, read_json_record
 from .hardware import cpu_features
@@ -70,26 +71,58 @@ class _TupleOutputs(nn.Module):
         return tuple(v.float() if v.is_floating_point() else v for v in output_tensors(out))
 
 
+@dataclass(frozen=True)
+class ExportConfig:
+    """What a package is built for.
+
+    batch, seq: the input shape ([batch, seq]); used when no example_inputs are given.
+    dynamic_seq: accept any sequence length in [2, the model's limit] (batch stays fixed).
+    float_dtype: dtype of the non-int8 parts, as in CompileConfig ("auto": BF16 where the CPU
+        has native BF16). Attention is squant's fused kernel for quantized models.
+    """
+
+    batch: int = 1
+    seq: int = 128
+    dynamic_seq: bool = False
+    float_dtype: FloatDtype = "auto"
+
+    def __post_init__(self) -> None:
+        if self.batch < 1 or self.seq < 2:
+            raise SquantError(f"batch must be >= 1 and seq >= 2, got {self.batch} and {self.seq}")
+        if self.float_dtype not in ("auto", "bf16", "fp32"):
+            raise SquantError(f"float_dtype must be auto, bf16 or fp32, got {self.float_dtype!r}")
+
+    def resolved_dtype(self) -> torch.dtype:
+        return CompileConfig(float_dtype=self.float_dtype).resolved_dtype()
+
+
+def example_for(model: nn.Module, config: ExportConfig) -> dict[str, Tensor]:
+    """Inputs of the config's shape (token ids are placeholders: shapes are what count)."""
+    ids = torch.full((config.batch, config.seq), min(1000, model.config.vocab_size - 1))
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
 def export(
     model: nn.Module,
     directory: str | Path,
-    example_inputs: Mapping[str, Tensor],
+    example_inputs: Mapping[str, Tensor] | None = None,
     tokenizer: Any = None,
-    config: CompileConfig | None = None,
-    dynamic_seq: bool = False,
+    config: ExportConfig | None = None,
     *,
     overwrite: bool = False,
 ) -> Path:
     """Build an AOTInductor package for the shapes of example_inputs (input_ids and
     attention_mask, [batch, seq]; token_type_ids too for architectures with segments, zeros
-    when absent); with dynamic_seq, for any sequence length up to the model's limit. The
-    directory is written atomically (squant.files): a failed or killed
-    export leaves a previous package intact."""
-    config = config or CompileConfig()
+    when absent), or of config.batch x config.seq; with config.dynamic_seq, for any sequence
+    length up to the model's limit. The directory is written atomically (squant.files): a
+    failed or killed export leaves a previous package intact."""
+    config = config or ExportConfig()
+    if example_inputs is None:
+        example_inputs = example_for(model, config)
     if "input_ids" not in example_inputs or "attention_mask" not in example_inputs:
         raise SquantError("example_inputs needs input_ids and attention_mask")
     with atomic_directory(directory, MANIFEST, overwrite=overwrite) as tmp:
-        _export_into(model, tmp, example_inputs, tokenizer, config, dynamic_seq)
+        _export_into(model, tmp, example_inputs, tokenizer, config)
     return Path(directory) / PACKAGE
 
 
@@ -98,9 +131,9 @@ def _export_into(
     directory: Path,
     example_inputs: Mapping[str, Tensor],
     tokenizer: Any,
-    config: CompileConfig,
-    dynamic_seq: bool,
+    config: ExportConfig,
 ) -> None:
+    dynamic_seq = config.dynamic_seq
     dtype = config.resolved_dtype()
     work = copy.deepcopy(model).eval()
     if dtype != torch.float32:

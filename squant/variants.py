@@ -154,10 +154,12 @@ def build(variant: Variant | str, model: nn.Module, ctx: BuildContext) -> nn.Mod
         example = shaped.pad(ctx.example_inputs)
         shaped.model = compile(base, _compile_config(variant, ctx), example)
         return shaped
-    from .export import export, load_packaged
+    from .export import ExportConfig, export, load_packaged
 
     directory = Path(ctx.workdir or tempfile.mkdtemp(prefix="squant-variant-")) / variant.name
     example = PaddedShapes(None, batch, None, _pad_token(model), min_seq=2).pad(ctx.example_inputs)
-    export(base, directory, example, config=_compile_config(variant, ctx), dynamic_seq=True)
+    float_dtype = ctx.float_dtype if variant.quantized else variant.precision
+    config = ExportConfig(dynamic_seq=True, float_dtype=float_dtype)  # type: ignore[arg-type]
+    export(base, directory, example, config=config)
     package = load_packaged(directory, num_runners=ctx.instances)
     return PaddedShapes(package, batch, None, _pad_token(model), min_seq=2)

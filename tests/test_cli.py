@@ -214,3 +214,59 @@ def test_eval_malformed_data_is_one_line(tiny_checkpoint, tmp_path, capsys, name
     task = "squad" if name.endswith(".json") else "glue"
     code = main(["eval", str(tiny_checkpoint), "--task", task, "--data", str(path)])
     _one_line_error(capsys, code, "eval", message)
+
+
+def test_export_command_builds_a_deploy_directory(tiny_checkpoint, calib_jsonl, tmp_path, capsys):
+    quantized, deploy = tmp_path / "int8", tmp_path / "deploy"
+    assert (
+        main(
+            ["quantize", str(tiny_checkpoint), "--calib", str(calib_jsonl), "--out", str(quantized)]
+        )
+        == 0
+    )
+    code = main(["export", str(quantized), "--out", str(deploy), "--batch", "2", "--seq", "16"])
+    assert code == 0, capsys.readouterr().err
+    assert "exported BertForSequenceClassification for [2 x 16]" in capsys.readouterr().out
+    packaged = squant.load_packaged(deploy)
+    tok = load_tokenizer(deploy)  # the tokenizer travels with the package
+    enc = tok(["the cat sat", "a dog"], padding="max_length", max_length=16, return_tensors="pt")
+    with torch.no_grad():
+        ref = squant.load(quantized)(**enc).logits
+    got = packaged(**enc).logits
+    assert float(torch.nn.functional.cosine_similarity(ref.flatten(), got.flatten(), 0)) > 0.999
+
+
+def test_export_command_errors_are_one_line(tiny_checkpoint, tmp_path, capsys):
+    code = main(["export", str(tiny_checkpoint), "--out", str(tmp_path / "d")])
+    _one_line_error(capsys, code, "export", "is a float checkpoint: pass --calib")
+    code = main(["export", str(tmp_path / "nope"), "--out", str(tmp_path / "d")])
+    _one_line_error(capsys, code, "export", "does not exist")
+    code = main(["export", str(tiny_checkpoint), "--out", str(tmp_path / "d"), "--seq", "1"])
+    _one_line_error(capsys, code, "export", "seq >= 2")
+    assert not (tmp_path / "d").exists()
+
+
+def test_quantize_report_compares_held_out_texts_with_fp32(tiny_checkpoint, tmp_path, capsys):
+    texts = tmp_path / "texts.txt"
+    texts.write_text("\n".join(f"the cat sat on the mat {i}" for i in range(40)))
+    out = tmp_path / "q"
+    code = main(
+        [
+            "quantize",
+            str(tiny_checkpoint),
+            "--calib",
+            str(texts),
+            "--calib-size",
+            "30",
+            "--out",
+            str(out),
+        ]
+    )
+    assert code == 0
+    printed = capsys.readouterr().out
+    import re
+
+    found = re.search(r"vs FP32 on 10 held-out texts: cosine mean ([\d.]+), min ([\d.]+)", printed)
+    assert found, printed
+    assert 0.95 < float(found[2]) <= float(found[1]) <= 1.0
+    assert "size on disk: before" in printed

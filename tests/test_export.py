@@ -22,8 +22,8 @@ def exported(tmp_path_factory):
     )
     inputs = token_batches(n=1, seed=3)[0]
     directory = tmp_path_factory.mktemp("export")
+    squant.export(q, directory, inputs, config=squant.ExportConfig(float_dtype="fp32"))
     config = squant.CompileConfig(float_dtype="fp32", attention="squant")
-    squant.export(q, directory, inputs, config=config)
     compiled = squant.compile(q, config, inputs)
     with torch.no_grad():
         expected = compiled(**inputs).logits
@@ -79,8 +79,8 @@ def test_dynamic_sequence_length_package(tmp_path):
     q = squant.quantize(
         model, squant.SmoothQuantConfig(mode="static"), token_batches(), progress=False
     )
-    config = squant.CompileConfig(float_dtype="fp32")
-    squant.export(q, tmp_path, token_batches(n=1, seed=3)[0], config=config, dynamic_seq=True)
+    config = squant.ExportConfig(float_dtype="fp32", dynamic_seq=True)
+    squant.export(q, tmp_path, token_batches(n=1, seed=3)[0], config=config)
     assert json.loads((tmp_path / MANIFEST).read_text())["seq"] is None
     runner = squant.load_exported(tmp_path)
     for seq in (8, 20):  # shorter and longer than the example's 12 tokens

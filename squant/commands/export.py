@@ -1,0 +1,83 @@
+"""`squant export`: a checkpoint to a deploy directory (AOTInductor package) in one command."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..errors import SquantError
+from .common import add_config_arguments, config_from_args, positive_int
+from .quantize import add_calibration_arguments, calibration_settings
+
+HELP = "build a deploy directory (.pt2 package + manifest + tokenizer) from a checkpoint"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "source",
+        help="a directory written by squant quantize / squant.save, or a float checkpoint "
+        "(directory or Hub id; then --calib quantizes it first)",
+    )
+    p.add_argument("--out", required=True, help="the deploy directory to write")
+    p.add_argument("--calib", default=None, help="calibration texts (float checkpoints only)")
+    p.add_argument("--batch", type=positive_int, default=1, help="batch the package runs at")
+    p.add_argument("--seq", type=positive_int, default=128, help="sequence length it runs at")
+    p.add_argument(
+        "--dynamic-seq",
+        action="store_true",
+        help="accept any sequence length up to the model's limit (batch stays fixed)",
+    )
+    p.add_argument("--float-dtype", choices=("auto", "bf16", "fp32"), default="auto")
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    p.add_argument("--task", default="auto", help="head to load (auto = the checkpoint's own)")
+    add_calibration_arguments(p)
+    add_config_arguments(p)
+
+
+def run(args: argparse.Namespace) -> None:
+    import time
+    from pathlib import Path
+
+    from .. import models
+    from ..export import MANIFEST, ExportConfig, export
+    from ..files import check_output_dir
+    from ..mappings import max_positions
+    from ..pipeline import quantize_checkpoint, weights_mib
+    from ..serialization import CONFIG_FILE, load
+
+    config = ExportConfig(
+        batch=args.batch, seq=args.seq, dynamic_seq=args.dynamic_seq, float_dtype=args.float_dtype
+    )
+    source = Path(args.source)
+    quantized_dir = (source / CONFIG_FILE).is_file()
+    if not quantized_dir:
+        source = models.resolve(args.source)
+        models.load_config(source)
+        if args.calib is None:
+            raise SquantError(
+                f"{args.source} is a float checkpoint: pass --calib TEXTS to quantize it, or "
+                "export a directory written by squant quantize"
+            )
+    check_output_dir(args.out, MANIFEST, [source], args.overwrite)
+    if quantized_dir:
+        loaded = load(source)
+        from ..sentence_transformer import inner_model, is_sentence_transformer
+
+        model = inner_model(loaded) if is_sentence_transformer(loaded) else loaded
+        tokenizer = models.load_tokenizer(source)
+        before = weights_mib(source)
+    else:
+        qconfig = config_from_args(args)
+        result = quantize_checkpoint(
+            source, args.calib, qconfig, calibration_settings(args), args.task
+        )
+        print(*result.report.lines(), sep="\n")
+        model, tokenizer, before = result.encoder, result.tokenizer, weights_mib(source)
+    if args.seq > max_positions(model):
+        raise SquantError(f"--seq {args.seq} exceeds the model's {max_positions(model)} positions")
+    t0 = time.perf_counter()
+    package = export(model, args.out, None, tokenizer, config, overwrite=args.overwrite)
+    shape = f"{args.batch} x {'2..max' if args.dynamic_seq else args.seq}"
+    print(
+        f"exported {type(model).__name__} for [{shape}] in {time.perf_counter() - t0:.0f} s -> "
+        f"{package} ({weights_mib(package.parent):.1f} MiB; weights before {before:.1f} MiB)"
+    )

@@ -1,0 +1,190 @@
+"""A checkpoint quantized from calibration texts in one call, with the report `squant quantize`
+and `squant export` print: what `quantize` does on tokens, done from files.
+
+    result = quantize_checkpoint("all-MiniLM-L6-v2/", "calib.txt", SmoothQuantConfig())
+    print(*result.report.lines(), sep="\\n")
+
+A sentence-transformers directory comes back as a SentenceTransformer (its pooling and
+normalisation kept) when sentence-transformers is installed. The last `holdout` calibration
+texts are never calibrated on: the quantized model is compared with FP32 on them (per-input
+cosine of the main output over real tokens), so the report says how close it is before
+anyone deploys it.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from . import data, models, sentence_transformer
+from .config import SmoothQuantConfig
+from .errors import SquantError
+from .mappings import max_positions, model_inputs
+from .outputs import first_tensor
+from .quantize import quantize
+
+
+@dataclass(frozen=True)
+class CalibrationSettings:
+    size: int = 256  # texts calibrated on
+    batch_size: int = 16
+    max_length: int | None = None  # tokens per text; default min(128, the model's limit)
+    coverage: bool = True  # add empty / 1-5 word / packed documents (see data.tokenize)
+    coverage_length: int | None = None  # packed document length; default the model's limit
+    holdout: int = 32  # texts after the calibration ones, scored against FP32 (0: none)
+
+
+@dataclass
+class QuantizeReport:
+    """What a quantization did and how close it stayed to FP32 (the typed quantize summary)."""
+
+    model_class: str
+    mode: str
+    linears: int
+    seconds: float
+    alpha: dict[str, float]  # min / median / max over the quantized linears
+    static_linears: int
+    calibration: dict[str, Any]  # sequences, lengths seen (squant_info["calibration"])
+    holdout_texts: int = 0
+    cosine_mean: float | None = None  # per held-out input, main output vs FP32
+    cosine_min: float | None = None
+    size_mib: dict[str, float] = field(default_factory=dict)  # "before", "after" on disk
+
+    def lines(self) -> list[str]:
+        a = self.alpha
+        out = [
+            f"quantized {self.linears} linears of {self.model_class} ({self.mode}; "
+            f"{self.static_linears} static) in {self.seconds:.1f} s; alpha min/median/max "
+            f"{a['min']:.2f}/{a['median']:.2f}/{a['max']:.2f}",
+            f"calibrated on {self.calibration.get('sequences')} sequences of "
+            f"{self.calibration.get('min_length')}-{self.calibration.get('max_length')} tokens",
+        ]
+        if self.cosine_mean is not None:
+            out.append(
+                f"vs FP32 on {self.holdout_texts} held-out texts: cosine mean "
+                f"{self.cosine_mean:.5f}, min {self.cosine_min:.5f}"
+            )
+        if self.size_mib:
+            sizes = ", ".join(f"{k} {v:.1f} MiB" for k, v in self.size_mib.items())
+            out.append(f"size on disk: {sizes}")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Quantized:
+    model: Any  # the HF model, or a SentenceTransformer around it
+    tokenizer: Any
+    report: QuantizeReport
+
+    @property
+    def encoder(self) -> nn.Module:
+        """The quantized Hugging Face model (inside the SentenceTransformer, if any)."""
+        if sentence_transformer.is_sentence_transformer(self.model):
+            return sentence_transformer.inner_model(self.model)
+        return self.model
+
+
+def per_input_cosine(reference: Tensor, output: Tensor, mask: Tensor) -> list[float]:
+    """Cosine of each input's output with the reference's, over its real tokens."""
+    cos = []
+    for i in range(reference.shape[0]):
+        ref, out = reference[i], output[i]
+        if ref.dim() >= 1 and ref.shape[0] == mask.shape[1]:  # per-token output
+            keep = mask[i].bool()
+            ref, out = ref[keep], out[keep]
+        cos.append(float(nn.functional.cosine_similarity(ref.flatten(), out.flatten(), 0)))
+    return cos
+
+
+@torch.no_grad()
+def _outputs(model: nn.Module, batches: list[dict[str, Tensor]]) -> list[Tensor]:
+    return [first_tensor(model(**model_inputs(model, b))).float() for b in batches]
+
+
+def weights_mib(directory: str | Path) -> float:
+    files = [p for p in Path(directory).glob("*") if p.suffix in (".safetensors", ".bin", ".pt2")]
+    return sum(p.stat().st_size for p in files) / 2**20
+
+
+def quantize_checkpoint(
+    checkpoint: str | Path,
+    calib: str | Path,
+    config: SmoothQuantConfig | None = None,
+    settings: CalibrationSettings | None = None,
+    task: str = "auto",
+    progress: bool = True,
+) -> Quantized:
+    """Load a float checkpoint (directory or Hub id), calibrate on texts from `calib`, and
+    quantize; the report compares with FP32 on held-out texts."""
+    config = config or SmoothQuantConfig()
+    s = settings or CalibrationSettings()
+    checkpoint = models.resolve(checkpoint)
+    models.load_config(checkpoint)  # a bad checkpoint is named before the texts are read
+    texts = data.read_texts(calib, limit=s.size + s.holdout)
+    calib_texts, held = texts[: s.size], texts[s.size :]
+    if not held and s.holdout and len(texts) > 8:  # a short file: hold out its last eighth
+        cut = len(texts) - max(1, len(texts) // 8)
+        calib_texts, held = texts[:cut], texts[cut:]
+    st = None
+    if task == "auto" and sentence_transformer.is_sentence_transformer_dir(checkpoint):
+        st = sentence_transformer.load_float(checkpoint)
+        if st is None:
+            print(
+                "note: a sentence-transformers directory, but sentence-transformers is not "
+                "installed: quantizing its Hugging Face model only (pip install 'squant[st]' "
+                "to keep its pooling and normalisation)",
+                file=sys.stderr,
+            )
+    model = (
+        sentence_transformer.inner_model(st)
+        if st is not None
+        else models.load_model(checkpoint, task)
+    )
+    limit = max_positions(model)
+    max_length = s.max_length or min(128, limit)
+    if max_length > limit:
+        raise SquantError(f"--max-length {max_length} exceeds the model's {limit} positions")
+    tokenizer = models.load_tokenizer(checkpoint)
+    coverage = min(s.coverage_length or limit, limit) if s.coverage else None
+    batches = data.tokenize(tokenizer, calib_texts, s.batch_size, max_length, coverage)
+    held_batches = data.tokenize(tokenizer, held, s.batch_size, max_length) if held else []
+    reference = _outputs(model, held_batches)  # before the model is quantized in place
+
+    t0 = time.perf_counter()
+    quantized = quantize(st if st is not None else model, config, batches, inplace=True)
+    seconds = time.perf_counter() - t0
+    result = Quantized(quantized, tokenizer, None)  # type: ignore[arg-type]
+    encoder = result.encoder
+    info = encoder.squant_info
+    alphas = [m["alpha"] for m in info["modules"].values()]
+    cos = [
+        c
+        for ref, out, b in zip(
+            reference, _outputs(encoder, held_batches), held_batches, strict=True
+        )
+        for c in per_input_cosine(ref, out, b["attention_mask"])
+    ]
+    result.report = QuantizeReport(
+        model_class=type(encoder).__name__,
+        mode=config.mode,
+        linears=len(info["modules"]),
+        seconds=seconds,
+        alpha={"min": min(alphas), "median": statistics.median(alphas), "max": max(alphas)},
+        static_linears=sum(m["mode"] == "static" for m in info["modules"].values()),
+        calibration=dict(info.get("calibration", {})),
+        holdout_texts=len(held),
+        cosine_mean=statistics.fmean(cos) if cos else None,
+        cosine_min=min(cos) if cos else None,
+        size_mib={"before": weights_mib(checkpoint)},
+    )
+    return result
