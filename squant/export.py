@@ -97,8 +97,13 @@ class ExportConfig:
 
 
 def example_for(model: nn.Module, config: ExportConfig) -> dict[str, Tensor]:
-    """Inputs of the config's shape (token ids are placeholders: shapes are what count)."""
-    ids = torch.full((config.batch, config.seq), min(1000, model.config.vocab_size - 1))
+    """Inputs of the config's shape (token ids are placeholders: shapes are what count); a
+    dynamic-length package is traced at min(seq, the model's limit)."""
+    limit = _max_positions(model)
+    if config.seq > limit and not config.dynamic_seq:
+        raise SquantError(f"seq {config.seq} exceeds the model's {limit} positions")
+    seq = min(config.seq, limit)
+    ids = torch.full((config.batch, seq), min(1000, model.config.vocab_size - 1))
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
 
@@ -409,6 +414,8 @@ class PackagedEncoder(nn.Module):
         self.exported = exported
         self.config = config
         self.input_names = exported.input_names
+        self.max_seq = int(exported.manifest["max_seq"])
+        self.model_class = str(exported.manifest["model_class"])
 
     @property
     def squant_info(self) -> Any:

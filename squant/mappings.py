@@ -155,8 +155,13 @@ def model_inputs(model: Any, encoding: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def max_positions(model: nn.Module) -> int:
-    """The longest token sequence the model's position embeddings accept."""
-    layout = layout_for(model)
+    """The longest token sequence the model accepts: its position embeddings', or what a
+    packaged/shape-padded model states (`max_seq`)."""
+    stated = getattr(model, "max_seq", None)
+    if stated is not None:
+        return int(stated)
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    layout = LAYOUTS[model_type] if model_type in LAYOUTS else layout_for(model)  # raises
     return int(model.config.max_position_embeddings) - layout.position_offset
 
 

@@ -68,6 +68,15 @@ class PaddedShapes(nn.Module):
     def squant_info(self) -> Any:
         return getattr(self.model, "squant_info", None)
 
+    @property
+    def model_class(self) -> str:
+        return str(getattr(self.model, "model_class", type(self.model).__name__))
+
+    @property
+    def max_seq(self) -> int | None:
+        """The longest input this runs: the last bucket, else what the model states."""
+        return self.buckets[-1] if self.buckets else getattr(self.model, "max_seq", None)
+
     def seq_for(self, seq: int) -> int:
         if self.buckets is None:
             return max(seq, self.min_seq)

@@ -206,3 +206,47 @@ def test_serve_command_bad_input_is_one_line(tiny_checkpoint, tmp_path, capsys):
     with socket.create_server(("127.0.0.1", 0)) as busy:
         port = str(busy.getsockname()[1])
         assert "cannot listen on 127.0.0.1:" in error([str(tiny_checkpoint), "--port", port])
+
+
+def test_serve_builds_its_engine_from_a_deploy_directory(tiny_checkpoint, tmp_path):
+    """`squant serve DEPLOY`: the exported package runs the batches (GIL-free AOTInductor),
+    padded to its exported batch; each request still gets its own result."""
+    import argparse
+
+    from squant.commands.serve import build_engine
+    from squant.export import ExportConfig
+    from squant.models import load_model, load_tokenizer
+
+    model = load_model(tiny_checkpoint)
+    tok = load_tokenizer(tiny_checkpoint)
+    q = squant.quantize(model, calibration=_calib(model), progress=False)
+    config = ExportConfig(batch=2, dynamic_seq=True, float_dtype="fp32")
+    squant.export(q, tmp_path / "deploy", None, tok, config)
+    args = argparse.Namespace(
+        model=str(tmp_path / "deploy"),
+        pooling_from=None,
+        instances=2,
+        cores_per_instance=1,
+        max_batch_requests=32,
+        max_batch_tokens=8192,
+        max_queue=64,
+        timeout=30.0,
+    )
+    engine = build_engine(args)
+    assert engine.task == "predict"  # the package's class has a head
+    assert engine.config.max_batch_requests == 2  # never more than the package's batch
+    engine.start()
+    try:
+        client = TestClient(create_app(engine, "deploy"))
+        texts = [["the cat sat", "a dog runs"], ["a man", "the park is big"], ["red", "blue"]]
+        r = client.post("/predict", json={"inputs": texts})
+        assert r.status_code == 200, r.text
+        for pair, got in zip(texts, r.json(), strict=True):
+            enc = tok(*pair, return_tensors="pt")
+            with torch.no_grad():
+                ref = torch.softmax(q(**enc).logits[0], -1)
+            scores = {d["label"]: d["score"] for d in got}
+            for i, p in enumerate(ref.tolist()):
+                assert abs(scores[q.config.id2label[i]] - p) < 1e-3
+    finally:
+        engine.stop(1.0)

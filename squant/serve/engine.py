@@ -145,7 +145,9 @@ class Engine:
         self._stopping = False
         self.ready = False
         self.draining = False
-        self.task = "embed" if model.base_model is model else "predict"
+        # a base model embeds; one with a head predicts (packaged models state their class)
+        cls = getattr(model, "model_class", type(model).__name__)
+        self.task = "embed" if cls.endswith("Model") else "predict"
 
     # -- admission (caller threads) ------------------------------------------------------
 
