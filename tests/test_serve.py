@@ -209,8 +209,8 @@ def test_serve_command_bad_input_is_one_line(tiny_checkpoint, tmp_path, capsys):
 
 
 def test_serve_builds_its_engine_from_a_deploy_directory(tiny_checkpoint, tmp_path):
-    """`squant serve DEPLOY`: the exported package runs the batches (GIL-free AOTInductor),
-    padded to its exported batch; each request still gets its own result."""
+    """`squant serve DEPLOY`: the exported package runs the batches, padded to its exported
+    batch; each request still gets its own result."""
     import argparse
 
     from squant.commands.serve import build_engine

@@ -48,8 +48,9 @@ def build_engine(args: argparse.Namespace):
     tokenizer = load_tokenizer(path)
     max_batch = args.max_batch_requests
     if (path / MANIFEST).is_file():
-        # a deploy directory: the AOTInductor package, no Python between kernels and no GIL
-        # held while it runs; it runs at its exported batch (smaller batches are padded)
+        # a deploy directory: the AOTInductor package (no Python between kernels) at its
+        # exported batch (smaller batches are padded). Its Python binding holds the GIL for a
+        # whole call, so instances take turns: give one instance all the cores.
         placement = plan(args.instances, args.cores_per_instance)
         package = load_packaged(path, num_runners=placement.instances)
         m = package.exported.manifest
