@@ -35,3 +35,23 @@ def calib_jsonl(tmp_path_factory) -> Path:
     ]
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+@pytest.fixture(scope="session")
+def deploy_dir(tiny_checkpoint, calib_jsonl, tmp_path_factory):
+    """(quantized directory, deploy directory): the tiny classifier through `squant quantize`
+    and `squant export --batch 2 --dynamic-seq` (one export shared by the tests that need a
+    package: exporting costs ~20 s here)."""
+    from squant.cli import main
+
+    root = tmp_path_factory.mktemp("deploy")
+    quantized, deploy = root / "int8", root / "deploy"
+    assert (
+        main(
+            ["quantize", str(tiny_checkpoint), "--calib", str(calib_jsonl), "--out", str(quantized)]
+        )
+        == 0
+    )
+    export = ["export", str(quantized), "--out", str(deploy), "--batch", "2", "--dynamic-seq"]
+    assert main([*export, "--float-dtype", "fp32"]) == 0
+    return quantized, deploy

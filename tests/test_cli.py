@@ -216,20 +216,20 @@ def test_eval_malformed_data_is_one_line(tiny_checkpoint, tmp_path, capsys, name
     _one_line_error(capsys, code, "eval", message)
 
 
-def test_export_command_builds_a_deploy_directory(tiny_checkpoint, calib_jsonl, tmp_path, capsys):
-    quantized, deploy = tmp_path / "int8", tmp_path / "deploy"
-    assert (
-        main(
-            ["quantize", str(tiny_checkpoint), "--calib", str(calib_jsonl), "--out", str(quantized)]
-        )
-        == 0
-    )
-    code = main(["export", str(quantized), "--out", str(deploy), "--batch", "2", "--seq", "16"])
-    assert code == 0, capsys.readouterr().err
-    assert "exported BertForSequenceClassification for [2 x 16]" in capsys.readouterr().out
+def test_export_command_builds_a_deploy_directory(deploy_dir):
+    import json
+
+    quantized, deploy = deploy_dir  # `squant export int8/ --batch 2 --dynamic-seq`
+    manifest = json.loads((deploy / "manifest.json").read_text())
+    assert (manifest["batch"], manifest["dynamic_seq"]) == (2, True)
     packaged = squant.load_packaged(deploy)
     tok = load_tokenizer(deploy)  # the tokenizer travels with the package
-    enc = tok(["the cat sat", "a dog"], padding="max_length", max_length=16, return_tensors="pt")
+    enc = tok(
+        ["the cat sat", "a dog"],
+        ["a man", "the red car runs fast"],
+        return_tensors="pt",
+        padding=True,
+    )
     with torch.no_grad():
         ref = squant.load(quantized)(**enc).logits
     got = packaged(**enc).logits

@@ -74,17 +74,13 @@ def test_load_exported_errors(tmp_path):
         squant.load_exported(tmp_path)
 
 
-def test_dynamic_sequence_length_package(tmp_path):
-    model = tiny_model("bert", "sequence-classification")
-    q = squant.quantize(
-        model, squant.SmoothQuantConfig(mode="static"), token_batches(), progress=False
-    )
-    config = squant.ExportConfig(float_dtype="fp32", dynamic_seq=True)
-    squant.export(q, tmp_path, token_batches(n=1, seed=3)[0], config=config)
-    assert json.loads((tmp_path / MANIFEST).read_text())["seq"] is None
-    runner = squant.load_exported(tmp_path)
-    for seq in (8, 20):  # shorter and longer than the example's 12 tokens
-        x = token_batches(n=1, seq=seq, seed=5)[0]
+def test_dynamic_sequence_length_package(deploy_dir):
+    quantized, deploy = deploy_dir  # exported with --dynamic-seq at the example's length
+    assert json.loads((deploy / MANIFEST).read_text())["seq"] is None
+    q, runner = squant.load(quantized), squant.load_exported(deploy)
+    for seq in (3, 20, 64):  # shorter and longer than the 16-token example, up to the limit
+        x = token_batches(n=1, batch=2, seq=seq, seed=5)[0]
+        x["input_ids"] = x["input_ids"] % q.config.vocab_size
         with torch.no_grad():
             ref = q(**x).logits
         out = runner(x["input_ids"], x["attention_mask"])[0]

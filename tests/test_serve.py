@@ -169,6 +169,7 @@ def test_ready_health_info_metrics(tokenizer, embedder):
     assert "squant_padded_tokens_total" in text and engine.stats.sequences >= 2
 
 
+@pytest.mark.slow  # ~35 s; the CLI serves eager models and packages, not this runner
 def test_compiled_runner_serves_every_bucket(tokenizer):
     """One squant.compile graph with dynamic shapes serves all buckets and batch sizes."""
     torch._dynamo.reset()
@@ -208,22 +209,18 @@ def test_serve_command_bad_input_is_one_line(tiny_checkpoint, tmp_path, capsys):
         assert "cannot listen on 127.0.0.1:" in error([str(tiny_checkpoint), "--port", port])
 
 
-def test_serve_builds_its_engine_from_a_deploy_directory(tiny_checkpoint, tmp_path):
+def test_serve_builds_its_engine_from_a_deploy_directory(deploy_dir):
     """`squant serve DEPLOY`: the exported package runs the batches, padded to its exported
     batch; each request still gets its own result."""
     import argparse
 
     from squant.commands.serve import build_engine
-    from squant.export import ExportConfig
-    from squant.models import load_model, load_tokenizer
+    from squant.models import load_tokenizer
 
-    model = load_model(tiny_checkpoint)
-    tok = load_tokenizer(tiny_checkpoint)
-    q = squant.quantize(model, calibration=_calib(model), progress=False)
-    config = ExportConfig(batch=2, dynamic_seq=True, float_dtype="fp32")
-    squant.export(q, tmp_path / "deploy", None, tok, config)
+    quantized, deploy = deploy_dir
+    q, tok = squant.load(quantized), load_tokenizer(deploy)
     args = argparse.Namespace(
-        model=str(tmp_path / "deploy"),
+        model=str(deploy),
         pooling_from=None,
         instances=2,
         cores_per_instance=1,

@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> None:
         )
         print(*result.report.lines(), sep="\n")
         model, tokenizer, before = result.encoder, result.tokenizer, weights_mib(source)
-    if args.seq > max_positions(model):
+    if args.seq > max_positions(model) and not args.dynamic_seq:  # dynamic: traced shorter
         raise SquantError(f"--seq {args.seq} exceeds the model's {max_positions(model)} positions")
     t0 = time.perf_counter()
     package = export(model, args.out, None, tokenizer, config, overwrite=args.overwrite)
