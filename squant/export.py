@@ -1,14 +1,13 @@
 """AOTInductor packages: a quantized (or float) encoder as one .pt2 file plus a manifest.
 
-    squant.export(qmodel, "deploy/", example_inputs=tok(["..."], return_tensors="pt"),
-                  tokenizer=tok)
+    squant.export(qmodel, "deploy/", tokenizer=tok, config=ExportConfig(batch=8, dynamic_seq=True))
 
 The directory holds model.pt2 (AOTInductor: compiled kernels + frozen weights, oneDNN-packed),
 manifest.json (architecture, quantization, versions, the CPU ISA it was built for, input and
-output names, shapes) and the tokenizer. Running it needs PyTorch only:
+output names, shapes), the model's config.json and the tokenizer. Running it needs PyTorch only:
 
     runner = torch._inductor.aoti_load_package("deploy/model.pt2")
-    outputs = runner(input_ids=ids, attention_mask=mask)   # a tuple of tensors
+    outputs = runner(ids, mask, token_type_ids)   # a tuple of tensors (no segments: 2 inputs)
 
 squant.load_exported() adds checks in front of that: the manifest's schema, format and torch
 version; the ISA the package needs; the SHA-256 of model.pt2 recorded at export; every member

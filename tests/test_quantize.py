@@ -138,16 +138,22 @@ class _NotAnEncoder(nn.Module):
     ("model", "message"),
     [
         (_NotAnEncoder(), "unsupported model _NotAnEncoder.*squant supports bert"),
-        (tiny_model("bert", "masked-lm").bert, None),
         (tiny_model("bert", is_decoder=True), "decoder"),
     ],
 )
 def test_unsupported_models_are_refused_with_a_clear_error(model, message):
-    if message is None:  # the bare base model of a head model is fine
-        squant.quantize(model, calibration=token_batches(), progress=False)
-        return
     with pytest.raises(squant.SquantError, match=message):
         squant.quantize(model, calibration=token_batches(), progress=False)
+
+
+def test_the_base_model_inside_a_head_model_is_quantized():
+    base = tiny_model("bert", "masked-lm").bert  # a BertModel taken out of BertForMaskedLM
+    q = squant.quantize(base, calibration=token_batches(), progress=False)
+    assert type(q).__name__ == "BertModel"
+    assert len(q.squant_info["modules"]) == 4 * base.config.num_hidden_layers  # qkv fused
+    batch = token_batches(seed=4)[0]
+    keep = batch["attention_mask"].bool()
+    assert cosine(run(base, batch)[keep], run(q, batch)[keep]) > 0.99
 
 
 def test_non_float32_models_are_refused():
