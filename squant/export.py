@@ -36,7 +36,7 @@ from torch import Tensor, nn
 
 from .attention import SQUANT_ATTENTION, FusedSelfAttention, register_squant_attention
 from .compiler import CompileConfig, FloatDtype, cast_float_parts
-from .errors import SquantError
+from .errors import SquantError, first_line
 from .files import atomic_directory, read_json_record
 from .hardware import cpu_features
 from .int8 import make_prepack_traceable
@@ -164,7 +164,7 @@ def _export_into(
                 wrapped, inputs, dynamic_shapes=dynamic_shapes, strict=False
             )
         except Exception as e:  # export failures are long traces; keep the first line
-            raise SquantError(f"torch.export failed: {str(e).strip().splitlines()[0][:300]}") from e
+            raise SquantError(f"torch.export failed: {first_line(e)[:300]}") from e
         torch._inductor.aoti_compile_and_package(
             program,
             package_path=str(directory / PACKAGE),
@@ -230,8 +230,7 @@ def load_exported(directory: str | Path, num_runners: int = 1) -> ExportedModel:
     try:
         runner = load_package(str(directory / PACKAGE), num_runners=num_runners)
     except Exception as e:  # torch raises RuntimeError/OSError/... with long native traces
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-        raise SquantError(f"cannot load {directory / PACKAGE}: {first}") from None
+        raise SquantError(f"cannot load {directory / PACKAGE}: {first_line(e)[:300]}") from None
     return ExportedModel(runner, manifest)
 
 
@@ -283,10 +282,8 @@ def read_manifest(path: Path) -> dict[str, Any]:
     sha = _typed(manifest, "sha256", str, path)
     if len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
         raise SquantError(f"{path}: sha256 is not a SHA-256 hex digest")
-    if not isinstance(manifest.setdefault("type_vocab_size", 2), int) or isinstance(
-        manifest["type_vocab_size"], bool
-    ):
-        raise SquantError(f"{path}: field 'type_vocab_size' has the wrong type")
+    manifest.setdefault("type_vocab_size", 2)  # version 2 did not record it
+    _typed(manifest, "type_vocab_size", int, path)
     names = _typed(manifest, "inputs", list, path)
     if names not in (list(MODEL_INPUT_KEYS[:2]), list(MODEL_INPUT_KEYS)):
         raise SquantError(f"{path}: inputs must be {list(MODEL_INPUT_KEYS[:2])} or with segments")

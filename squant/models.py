@@ -11,7 +11,7 @@ import torch
 import transformers
 from torch import nn
 
-from .errors import SquantError
+from .errors import SquantError, first_line
 from .mappings import LAYOUTS, SUPPORTED_CLASSES, supported_summary
 
 # Task name -> class-name suffix of the matching transformers head.
@@ -54,7 +54,7 @@ def resolve(path: str | Path) -> Path:
     except Exception as e:  # offline, unknown repo, gated: huggingface_hub has many errors
         raise SquantError(
             f"{path} is not a local directory, and fetching it from the Hugging Face Hub failed "
-            f"({type(e).__name__}: {_first_line(e)[:160]}); offline, pass a local checkpoint "
+            f"({type(e).__name__}: {first_line(e)[:160]}); offline, pass a local checkpoint "
             "directory or fill the Hub cache first"
         ) from None
 
@@ -75,7 +75,7 @@ def load_config(path: str | Path) -> Any:
     try:
         config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError, KeyError) as e:
-        raise SquantError(f"cannot read {path / 'config.json'}: {_first_line(e)}") from None
+        raise SquantError(f"cannot read {path / 'config.json'}: {first_line(e)}") from None
     if config.model_type not in LAYOUTS:
         raise SquantError(
             f"{path}: model_type {config.model_type!r} is not supported; squant supports "
@@ -112,7 +112,7 @@ def load_model(path: str | Path, task: str = "auto") -> nn.Module:
             str(path), dtype=torch.float32, local_files_only=True, output_loading_info=True
         )
     except (OSError, ValueError, RuntimeError, KeyError, safetensors.SafetensorError) as e:
-        raise SquantError(f"cannot load weights from {path}: {_first_line(e)}") from None
+        raise SquantError(f"cannot load weights from {path}: {first_line(e)}") from None
     missing = sorted(info.get("missing_keys") or [])
     if missing and model.base_model is not model:
         # transformers would fill a missing head with random weights: scores from it are noise
@@ -145,9 +145,4 @@ def load_tokenizer(path: str | Path) -> Any:
     try:
         return transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise SquantError(f"cannot load a tokenizer from {path}: {_first_line(e)}") from None
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
+        raise SquantError(f"cannot load a tokenizer from {path}: {first_line(e)}") from None

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from . import data, models, sentence_transformer
+from .compiler import agreement
 from .config import SmoothQuantConfig
 from .errors import SquantError
 from .mappings import max_positions, model_inputs
@@ -95,15 +96,12 @@ class Quantized:
 
 
 def per_input_cosine(reference: Tensor, output: Tensor, mask: Tensor) -> list[float]:
-    """Cosine of each input's output with the reference's, over its real tokens."""
-    cos = []
-    for i in range(reference.shape[0]):
-        ref, out = reference[i], output[i]
-        if ref.dim() >= 1 and ref.shape[0] == mask.shape[1]:  # per-token output
-            keep = mask[i].bool()
-            ref, out = ref[keep], out[keep]
-        cos.append(float(nn.functional.cosine_similarity(ref.flatten(), out.flatten(), 0)))
-    return cos
+    """Cosine of each input's output with the reference's, over its real tokens (the
+    compile guard's measure, compiler.agreement, one input at a time)."""
+    return [
+        agreement(reference[i : i + 1], output[i : i + 1], mask[i : i + 1])
+        for i in range(reference.shape[0])
+    ]
 
 
 @torch.no_grad()

@@ -27,7 +27,7 @@ from typing import Any
 
 from torch import nn
 
-from .errors import SquantError
+from .errors import SquantError, first_line
 
 MODULES_FILE = "modules.json"
 # files of the transformer's place that belong to the float checkpoint, never copied over
@@ -133,7 +133,7 @@ def load_float(directory: str | Path) -> Any | None:
             str(directory), device="cpu", local_files_only=True
         ).eval()
     except Exception as e:  # sentence-transformers raises many kinds
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        first = first_line(e)[:300]
         raise SquantError(f"cannot load {directory} as a SentenceTransformer: {first}") from None
 
 
@@ -154,7 +154,7 @@ def load(directory: str | Path, model: nn.Module) -> Any:
         try:
             st = st_lib.SentenceTransformer(scratch, device="cpu", local_files_only=True)
         except Exception as e:  # sentence-transformers raises many kinds
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+            first = first_line(e)[:300]
             raise SquantError(
                 f"cannot load {directory} as a SentenceTransformer: {first}"
             ) from None

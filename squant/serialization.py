@@ -30,7 +30,7 @@ from torch import nn
 
 from . import int8, sentence_transformer
 from .config import MODES, SmoothQuantConfig
-from .errors import SquantError
+from .errors import SquantError, first_line
 from .files import atomic_directory, read_json_record
 from .mappings import SUPPORTED_CLASSES, layout_for
 from .qlinear import QuantLinear
@@ -205,8 +205,7 @@ def _header(weights: Path) -> dict[str, tuple[tuple[int, ...], str]]:
                 for k in f.keys()  # noqa: SIM118 (safe_open is not a mapping)
             }
     except (OSError, RuntimeError, safetensors.SafetensorError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise SquantError(f"cannot load {weights}: {first}") from None
+        raise SquantError(f"cannot load {weights}: {first_line(e)}") from None
 
 
 _SAFETENSORS_DTYPES = {
@@ -301,8 +300,7 @@ def load(directory: str | Path) -> Any:
     try:
         safetensors.torch.load_model(model, str(weights), strict=True)
     except (OSError, RuntimeError, safetensors.SafetensorError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise SquantError(f"cannot load {weights}: {first}") from None
+        raise SquantError(f"cannot load {weights}: {first_line(e)}") from None
     _check_values(model, directory)
     model.squant_info = quantization
     if sentence_transformer.is_sentence_transformer_dir(directory):

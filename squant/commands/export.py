@@ -40,7 +40,6 @@ def run(args: argparse.Namespace) -> None:
     from .. import models
     from ..export import MANIFEST, ExportConfig, export
     from ..files import check_output_dir
-    from ..mappings import max_positions
     from ..pipeline import quantize_checkpoint, weights_mib
     from ..serialization import CONFIG_FILE, load
 
@@ -64,16 +63,14 @@ def run(args: argparse.Namespace) -> None:
 
         model = inner_model(loaded) if is_sentence_transformer(loaded) else loaded
         tokenizer = models.load_tokenizer(source)
-        before = weights_mib(source)
     else:
         qconfig = config_from_args(args)
         result = quantize_checkpoint(
             source, args.calib, qconfig, calibration_settings(args), args.task
         )
         print(*result.report.lines(), sep="\n")
-        model, tokenizer, before = result.encoder, result.tokenizer, weights_mib(source)
-    if args.seq > max_positions(model) and not args.dynamic_seq:  # dynamic: traced shorter
-        raise SquantError(f"--seq {args.seq} exceeds the model's {max_positions(model)} positions")
+        model, tokenizer = result.encoder, result.tokenizer
+    before = weights_mib(source)
     t0 = time.perf_counter()
     package = export(model, args.out, None, tokenizer, config, overwrite=args.overwrite)
     shape = f"{args.batch} x {'2..max' if args.dynamic_seq else args.seq}"
