@@ -32,6 +32,7 @@ from .errors import SquantError
 from .hardware import cpu_features
 from .outputs import first_tensor
 from .qlinear import QuantLinear
+from .record import QuantizationRecord, record_of
 from .timing import measure
 
 FloatDtype = Literal["auto", "bf16", "fp32"]
@@ -150,8 +151,8 @@ class CompiledEncoder(nn.Module):
         return self.model.config
 
     @property
-    def squant_info(self) -> Any:
-        return getattr(self.model, "squant_info", None)
+    def squant_info(self) -> QuantizationRecord | None:
+        return record_of(self.model)
 
     @torch.no_grad()
     def forward(self, *args: Any, **kwargs: Any) -> Any:

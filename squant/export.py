@@ -43,6 +43,7 @@ from .int8 import make_prepack_traceable
 from .mappings import MODEL_INPUT_KEYS, input_names
 from .outputs import NamedOutputs, named_tensors, output_tensors
 from .qlinear import QuantLinear
+from .record import QuantizationRecord, record_of
 from .version import __version__
 
 PACKAGE = "model.pt2"
@@ -178,7 +179,7 @@ def _export_into(
         "torch_version": torch.__version__,
         "model_class": type(model).__name__,
         "model_type": getattr(model.config, "model_type", None),
-        "quantization": getattr(model, "squant_info", None),
+        "quantization": record.to_dict() if (record := record_of(model)) else None,
         "float_dtype": str(dtype).replace("torch.", ""),
         "inputs": list(names),
         "outputs": len(program.graph_signature.user_outputs),
@@ -397,8 +398,11 @@ class ExportedModel:
         return tuple(self.runner(*inputs))
 
     @property
-    def squant_info(self) -> Any:
-        return self.manifest.get("quantization")
+    def squant_info(self) -> QuantizationRecord | None:
+        d = self.manifest.get("quantization")
+        return (
+            None if d is None else QuantizationRecord.from_dict(d, "package manifest: quantization")
+        )
 
 
 class PackagedEncoder(nn.Module):
@@ -414,7 +418,7 @@ class PackagedEncoder(nn.Module):
         self.model_class = str(exported.manifest["model_class"])
 
     @property
-    def squant_info(self) -> Any:
+    def squant_info(self) -> QuantizationRecord | None:
         return self.exported.squant_info
 
     def forward(self, **inputs: Tensor) -> NamedOutputs:

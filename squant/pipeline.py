@@ -30,6 +30,7 @@ from .errors import SquantError
 from .mappings import max_positions, model_inputs
 from .outputs import first_tensor
 from .quantize import quantize
+from .record import Coverage, record_of
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class QuantizeReport:
     seconds: float
     alpha: dict[str, float]  # min / median / max over the quantized linears
     static_linears: int
-    calibration: dict[str, Any]  # sequences, lengths seen (squant_info["calibration"])
+    calibration: Coverage | None  # sequences, lengths seen (the record's coverage)
     holdout_texts: int = 0
     cosine_mean: float | None = None  # per held-out input, main output vs FP32
     cosine_min: float | None = None
@@ -64,9 +65,12 @@ class QuantizeReport:
             f"quantized {self.linears} linears of {self.model_class} ({self.mode}; "
             f"{self.static_linears} static) in {self.seconds:.1f} s; alpha min/median/max "
             f"{a['min']:.2f}/{a['median']:.2f}/{a['max']:.2f}",
-            f"calibrated on {self.calibration.get('sequences')} sequences of "
-            f"{self.calibration.get('min_length')}-{self.calibration.get('max_length')} tokens",
         ]
+        if self.calibration is not None:
+            c = self.calibration
+            out.append(
+                f"calibrated on {c.sequences} sequences of {c.min_length}-{c.max_length} tokens"
+            )
         if self.cosine_mean is not None:
             out.append(
                 f"vs FP32 on {self.holdout_texts} held-out texts: cosine mean "
@@ -163,8 +167,8 @@ def quantize_checkpoint(
     seconds = time.perf_counter() - t0
     result = Quantized(quantized, tokenizer, None)  # type: ignore[arg-type]
     encoder = result.encoder
-    info = encoder.squant_info
-    alphas = [m["alpha"] for m in info["modules"].values()]
+    info = record_of(encoder)
+    assert info is not None  # quantize() sets it
     cos = [
         c
         for ref, out, b in zip(
@@ -175,11 +179,11 @@ def quantize_checkpoint(
     result.report = QuantizeReport(
         model_class=type(encoder).__name__,
         mode=config.mode,
-        linears=len(info["modules"]),
+        linears=len(info.modules),
         seconds=seconds,
-        alpha={"min": min(alphas), "median": statistics.median(alphas), "max": max(alphas)},
-        static_linears=sum(m["mode"] == "static" for m in info["modules"].values()),
-        calibration=dict(info.get("calibration", {})),
+        alpha=info.alpha_summary(),
+        static_linears=info.count("static"),
+        calibration=info.calibration,
         holdout_texts=len(held),
         cosine_mean=statistics.fmean(cos) if cos else None,
         cosine_min=min(cos) if cos else None,

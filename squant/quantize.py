@@ -31,6 +31,7 @@ from .config import SmoothQuantConfig
 from .errors import SquantError
 from .mappings import EncoderLayout, fusable_activation, layout_for
 from .qlinear import QuantLinear, SmoothedLinear
+from .record import Coverage, LinearRecord, QuantizationRecord
 from .sentence_transformer import is_sentence_transformer
 from .smooth import search_alpha, smoothing_factors, weight_channel_absmax
 
@@ -50,7 +51,7 @@ def encoder_layers(model: nn.Module, layout: EncoderLayout) -> tuple[str, nn.Mod
     return f"{prefix}{layout.layers}", base.get_submodule(layout.layers)
 
 
-def calibration_coverage(batches: list[dict[str, Tensor]]) -> dict[str, int]:
+def calibration_coverage(batches: list[dict[str, Tensor]]) -> Coverage:
     """What the calibration saw (sequences, real tokens, shortest and longest sequence),
     recorded with the model: static ranges hold only for inputs like these."""
     lengths: list[int] = []
@@ -59,12 +60,12 @@ def calibration_coverage(batches: list[dict[str, Tensor]]) -> dict[str, int]:
         mask = b.get("attention_mask")
         real = mask.sum(dim=1) if mask is not None else torch.full((ids.shape[0],), ids.shape[1])
         lengths += [int(n) for n in real]
-    return {
-        "sequences": len(lengths),
-        "tokens": sum(lengths),
-        "min_length": min(lengths),
-        "max_length": max(lengths),
-    }
+    return Coverage(
+        sequences=len(lengths),
+        tokens=sum(lengths),
+        min_length=min(lengths),
+        max_length=max(lengths),
+    )
 
 
 def fuse_attention(model: nn.Module, layout: EncoderLayout) -> None:
@@ -265,7 +266,7 @@ def quantize(
             ranges = {n: hists[n].percentile_range(config.percentile) for n in static}
 
     layers_path, _ = encoder_layers(model, layout)
-    modules: dict[str, dict[str, Any]] = {}
+    modules: dict[str, LinearRecord] = {}
     for site in sites:
         float_linear = model.get_submodule(site.name)
         # The FFN activation moves into the int8 GEMM that feeds it (its epilogue, static).
@@ -280,20 +281,16 @@ def quantize(
         model.set_submodule(site.name, q)
         if absorbed is not None:
             model.set_submodule(absorbed, nn.Identity())
-        modules[site.name] = {
-            "kind": site.kind,
-            "layer": site.layer,
-            "in_features": q.in_features,
-            "out_features": q.out_features,
-            "bias": q.bias is not None,
-            "mode": q.mode,
-            "alpha": alphas[site.name],
-            "activation": activation,
-            "absorbs": absorbed,
-        }
-    model.squant_info = {
-        "config": config.to_dict(),
-        "modules": modules,
-        "calibration": calibration_coverage(batches),
-    }
+        modules[site.name] = LinearRecord(
+            kind=site.kind,
+            layer=site.layer,
+            in_features=q.in_features,
+            out_features=q.out_features,
+            bias=q.bias is not None,
+            mode=q.mode,
+            alpha=alphas[site.name],
+            activation=activation,
+            absorbs=absorbed,
+        )
+    model.squant_info = QuantizationRecord(config, modules, calibration_coverage(batches))
     return model.eval()

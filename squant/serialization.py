@@ -20,6 +20,7 @@ comes from an allow-list, and safetensors holds data only. Anything else is one 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +30,12 @@ import transformers
 from torch import nn
 
 from . import int8, sentence_transformer
-from .config import MODES, SmoothQuantConfig
 from .errors import SquantError, first_line
 from .files import atomic_directory, read_json_record
 from .mappings import SUPPORTED_CLASSES, layout_for
 from .qlinear import QuantLinear
 from .quantize import encoder_layers, find_sites, fuse_attention
+from .record import LinearRecord, QuantizationRecord, record_of
 from .sentence_transformer import is_sentence_transformer
 from .version import __version__
 
@@ -60,7 +61,7 @@ def save(
     st = model if is_sentence_transformer(model) else None
     if st is not None:  # its HF model in squant's format, its other modules as they were
         model, tokenizer = sentence_transformer.inner_model(st), tokenizer or st.tokenizer
-    info = getattr(model, "squant_info", None)
+    info = record_of(model)
     if info is None:
         raise SquantError("this model was not quantized by squant.quantize(); nothing to save")
     meta = {
@@ -71,7 +72,7 @@ def save(
         "transformers_version": transformers.__version__,
         "model_class": type(model).__name__,
         "hf_config": model.config.to_dict(),
-        "quantization": info,
+        "quantization": info.to_dict(),
     }
     source = getattr(model.config, "_name_or_path", "")
     sources = (*protect, source) if source and Path(source).is_dir() else tuple(protect)
@@ -134,7 +135,11 @@ def _check_config_sizes(hf_config: dict[str, Any], where: str) -> None:
 
 
 def _build(
-    cls_name: str, model_type: str, hf_config: dict[str, Any], modules: dict[str, Any], meta: bool
+    cls_name: str,
+    model_type: str,
+    hf_config: dict[str, Any],
+    modules: Mapping[str, LinearRecord],
+    meta: bool,
 ) -> nn.Module:
     """The model the directory describes, with empty int8 modules; on the meta device (shapes
     only, no memory) or for real."""
@@ -143,57 +148,42 @@ def _build(
         model = getattr(transformers, cls_name)(config).eval()
         fuse_attention(model, layout_for(model))
         for name, m in modules.items():
-            q = QuantLinear(
-                m["in_features"], m["out_features"], m["bias"], m["mode"], m["activation"]
-            )
+            q = QuantLinear(m.in_features, m.out_features, m.bias, m.mode, m.activation)
             model.set_submodule(name, q)
-            if m["absorbs"]:
-                model.set_submodule(m["absorbs"], nn.Identity())
+            if m.absorbs:
+                model.set_submodule(m.absorbs, nn.Identity())
     return model
 
 
-def _check_modules(model: nn.Module, modules: Any, where: str) -> dict[str, dict[str, Any]]:
+def _check_modules(model: nn.Module, record: QuantizationRecord, where: str) -> None:
     """Each quantized-module record names a GEMM site of this architecture with its true
-    shape; returns them normalized (defaults filled in)."""
-    if not isinstance(modules, dict) or not modules:
-        raise SquantError(f"{where}: quantization.modules must be a non-empty object")
+    shape (the record's own field types were checked by QuantizationRecord.from_dict)."""
     layout = layout_for(model)
     sites = {s.name: s for s in find_sites(model, layout)}
     layers_path, _ = encoder_layers(model, layout)
-    out: dict[str, dict[str, Any]] = {}
-    for name, rec in modules.items():
+    for name, rec in record.modules.items():
         w = f"{where}: module {name!r}"
         if name not in sites:
             raise SquantError(f"{w} is not a quantizable linear of {type(model).__name__}")
         site = sites[name]
         linear = model.get_submodule(name)
-        mode = _field(rec, "mode", str, w)
-        if mode not in MODES:
-            raise SquantError(f"{w}: mode {mode!r} is not one of {MODES}")
-        activation = rec.get("activation", "none")
-        if activation not in int8.POST_OPS:
-            raise SquantError(
-                f"{w}: activation {activation!r} is not one of {tuple(int8.POST_OPS)}"
-            )
-        shape = (_field(rec, "in_features", int, w), _field(rec, "out_features", int, w))
+        shape = (rec.in_features, rec.out_features)
         if shape != (linear.in_features, linear.out_features):
             raise SquantError(
                 f"{w}: shape {shape} does not match the model's "
                 f"{(linear.in_features, linear.out_features)}"
             )
-        bias = _field(rec, "bias", bool, w)
-        if bias != (linear.bias is not None):
-            raise SquantError(f"{w}: bias={bias} does not match the model")
-        if rec.get("kind", site.kind) != site.kind or rec.get("layer", site.layer) != site.layer:
+        if rec.bias != (linear.bias is not None):
+            raise SquantError(f"{w}: bias={rec.bias} does not match the model")
+        # kind/layer may be absent in old records (parsed as "" / -1)
+        kind_ok = rec.kind in ("", site.kind) and rec.layer in (-1, site.layer)
+        if not kind_ok:
             raise SquantError(f"{w}: kind/layer do not match the model ({site.kind}, {site.layer})")
-        absorbs = rec.get("absorbs")
         expected = f"{layers_path}.{site.layer}.{layout.ffn_act}"
-        if absorbs is not None and (site.kind != "ffn_in" or absorbs != expected):
-            raise SquantError(f"{w}: absorbs {absorbs!r}; only {expected!r} may be absorbed here")
-        if (absorbs is None) != (activation == "none"):
-            raise SquantError(f"{w}: activation {activation!r} and absorbs {absorbs!r} disagree")
-        out[name] = {**rec, "activation": activation, "absorbs": absorbs}
-    return out
+        if rec.absorbs is not None and (site.kind != "ffn_in" or rec.absorbs != expected):
+            raise SquantError(
+                f"{w}: absorbs {rec.absorbs!r}; only {expected!r} may be absorbed here"
+            )
 
 
 def _header(weights: Path) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -273,11 +263,9 @@ def load(directory: str | Path) -> Any:
     hf_config = dict(_field(meta, "hf_config", dict, where))
     model_type = _field(hf_config, "model_type", str, f"{where}: hf_config")
     cls_name = _field(meta, "model_class", str, where)
-    quantization = _field(meta, "quantization", dict, where)
-    try:
-        SmoothQuantConfig.from_dict(_field(quantization, "config", dict, f"{where}: quantization"))
-    except TypeError as e:
-        raise SquantError(f"{where}: quantization.config is invalid ({e})") from None
+    record = QuantizationRecord.from_dict(
+        _field(meta, "quantization", dict, where), f"{where}: quantization"
+    )
     if cls_name not in SUPPORTED_CLASSES.get(model_type, ()):
         raise SquantError(f"{directory}: model class {cls_name!r} is not one squant can rebuild")
     _check_config_sizes(hf_config, where)
@@ -291,7 +279,8 @@ def load(directory: str | Path) -> Any:
         raise
     except Exception as e:  # transformers rejects odd configs in many ways
         raise SquantError(f"{where}: cannot rebuild {cls_name} from hf_config ({e})") from None
-    modules = _check_modules(skeleton, _field(quantization, "modules", dict, where), where)
+    _check_modules(skeleton, record, where)
+    modules = record.modules
     _check_header(
         _build(cls_name, model_type, hf_config, modules, meta=True), _header(weights), weights
     )
@@ -302,7 +291,7 @@ def load(directory: str | Path) -> Any:
     except (OSError, RuntimeError, safetensors.SafetensorError) as e:
         raise SquantError(f"cannot load {weights}: {first_line(e)}") from None
     _check_values(model, directory)
-    model.squant_info = quantization
+    model.squant_info = record
     if sentence_transformer.is_sentence_transformer_dir(directory):
         return sentence_transformer.load(directory, model.eval())
     return model.eval()

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from .errors import SquantError
 from .outputs import NamedOutputs, named_tensors
+from .record import QuantizationRecord, record_of
 
 # sequence-length buckets squant compiles and serves (powers of two up to BERT's 512)
 BUCKETS = (16, 32, 64, 128, 256, 512)
@@ -65,8 +66,8 @@ class PaddedShapes(nn.Module):
         return getattr(self.model, "input_names", None)
 
     @property
-    def squant_info(self) -> Any:
-        return getattr(self.model, "squant_info", None)
+    def squant_info(self) -> QuantizationRecord | None:
+        return record_of(self.model)
 
     @property
     def model_class(self) -> str:

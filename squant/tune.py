@@ -26,6 +26,7 @@ from .eval.metrics import relative_loss
 from .eval.task import Task
 from .outputs import first_tensor
 from .quantize import quantize, smooth
+from .record import record_of
 
 
 @dataclass(frozen=True)
@@ -67,8 +68,11 @@ def sensitivity(
     Built on the smoothed float model (exactly FP32) with one of qmodel's int8 linears swapped
     in at a time; its fused activation (if any) is kept out, since the float model still runs
     the activation module itself."""
-    info = qmodel.squant_info["modules"]
-    alphas = {name: m["alpha"] for name, m in info.items()}
+    record = record_of(qmodel)
+    if record is None:
+        raise SquantError("sensitivity() needs a model returned by squant.quantize()")
+    info = record.modules
+    alphas = {name: m.alpha for name, m in info.items() if m.alpha is not None}
     base = smooth(model, calibration, alphas, exclude=[], progress=False)
     refs = [first_tensor(model(**b)).float() for b in calibration]
     errors = {}

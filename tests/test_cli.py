@@ -27,7 +27,7 @@ def test_quantize_command_writes_a_loadable_model(tiny_checkpoint, calib_jsonl, 
     assert code == 0
     assert "quantized 8 linears of BertForSequenceClassification" in capsys.readouterr().out
     q = squant.load(out)
-    assert q.squant_info["config"]["alpha"] == 0.6
+    assert q.squant_info.config.alpha == 0.6
     tok = load_tokenizer(out)  # the tokenizer travels with the model
     enc = tok(["the cat sat"], ["a dog runs"], return_tensors="pt")
     ref = load_model(tiny_checkpoint)

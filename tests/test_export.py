@@ -57,7 +57,7 @@ def test_manifest_records_what_the_package_is(exported):
     assert manifest["seq"] == 12
     assert manifest["built_on"]["int8_path"]
     assert manifest["torch_version"] == torch.__version__
-    assert len(manifest["quantization"]["modules"]) == len(q.squant_info["modules"])
+    assert len(manifest["quantization"]["modules"]) == len(q.squant_info.modules)
 
 
 def test_load_exported_checks_the_isa(exported):
@@ -214,7 +214,7 @@ def test_packaged_model_is_called_like_the_hf_model_at_any_batch(exported):
 
     packaged = squant.load_packaged(directory)
     assert packaged.config.num_labels == q.config.num_labels  # config.json beside the package
-    assert packaged.squant_info["config"]["mode"] == "static"
+    assert packaged.squant_info.config.mode == "static"
     shaped = PaddedShapes(packaged, batch=4, buckets=(12,))
     for x in token_batches(n=2, batch=6, seq=7, seed=11):  # 6 rows, 7 and 10 tokens
         with torch.no_grad():

@@ -51,12 +51,12 @@ def test_int8_model_tracks_fp32(arch, head, mode):
     assert n_int8 == 4 * 2  # qkv, attn_out, ffn_in, ffn_out per layer
     # only encoder-layer linears are int8: embeddings, pooler and heads stay float
     int8_names = {n for n, m in q.named_modules() if isinstance(m, QuantLinear)}
-    assert int8_names == set(q.squant_info["modules"])
+    assert int8_names == set(q.squant_info.modules)
     assert all(".layer." in n for n in int8_names)
     # the FFN's GELU moved into the int8 GEMM that feeds it; its old module is an Identity
-    ffn_in = [m for n, m in q.squant_info["modules"].items() if m["kind"] == "ffn_in"]
-    assert [m["activation"] for m in ffn_in] == ["gelu"] * 2
-    assert all(isinstance(q.get_submodule(m["absorbs"]), nn.Identity) for m in ffn_in)
+    ffn_in = [m for n, m in q.squant_info.modules.items() if m.kind == "ffn_in"]
+    assert [m.activation for m in ffn_in] == ["gelu"] * 2
+    assert all(isinstance(q.get_submodule(m.absorbs), nn.Identity) for m in ffn_in)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -103,7 +103,7 @@ def test_exclude_keeps_matching_linears_in_float():
     assert type(q.get_submodule("encoder.layer.1.output.dense")) is nn.Linear
     assert type(q.get_submodule("encoder.layer.0.attention.self.qkv")) is nn.Linear
     assert sum(isinstance(m, QuantLinear) for m in q.modules()) == 6
-    assert "encoder.layer.1.output.dense" not in q.squant_info["modules"]
+    assert "encoder.layer.1.output.dense" not in q.squant_info.modules
 
 
 def test_calibration_batches_of_different_lengths_and_padding():
@@ -150,7 +150,7 @@ def test_the_base_model_inside_a_head_model_is_quantized():
     base = tiny_model("bert", "masked-lm").bert  # a BertModel taken out of BertForMaskedLM
     q = squant.quantize(base, calibration=token_batches(), progress=False)
     assert type(q).__name__ == "BertModel"
-    assert len(q.squant_info["modules"]) == 4 * base.config.num_hidden_layers  # qkv fused
+    assert len(q.squant_info.modules) == 4 * base.config.num_hidden_layers  # qkv fused
     batch = token_batches(seed=4)[0]
     keep = batch["attention_mask"].bool()
     assert cosine(run(base, batch)[keep], run(q, batch)[keep]) > 0.99
@@ -190,7 +190,7 @@ def test_auto_alpha_is_searched_per_linear_and_recorded(mode):
     ref = last_hidden(model, test)
     cfg = squant.SmoothQuantConfig(mode=mode, alpha="auto")
     q = squant.quantize(model, cfg, token_batches(), progress=False)
-    alphas = [m["alpha"] for m in q.squant_info["modules"].values()]
+    alphas = [m.alpha for m in q.squant_info.modules.values()]
     assert len(alphas) == 8
     assert all(0.0 <= a <= 1.0 for a in alphas)
     assert max(alphas) > 0.0  # outlier channels: the search smooths somewhere
@@ -204,7 +204,7 @@ def test_dynamic_sites_and_calibration_coverage_are_recorded():
     model = tiny_model("bert", outliers=True)
     batches = token_batches()
     q = squant.quantize(model, squant.SmoothQuantConfig(mode="static"), batches, progress=False)
-    modes = {m["kind"]: m["mode"] for m in q.squant_info["modules"].values()}
+    modes = {m.kind: m.mode for m in q.squant_info.modules.values()}
     assert modes == {
         "qkv": "static",
         "ffn_in": "static",
@@ -214,14 +214,14 @@ def test_dynamic_sites_and_calibration_coverage_are_recorded():
     pure = squant.quantize(
         model, squant.SmoothQuantConfig(mode="static", dynamic_sites=()), batches, progress=False
     )
-    assert {m["mode"] for m in pure.squant_info["modules"].values()} == {"static"}
-    seen = q.squant_info["calibration"]
+    assert {m.mode for m in pure.squant_info.modules.values()} == {"static"}
+    seen = q.squant_info.calibration
     lengths = [int(n) for b in batches for n in b["attention_mask"].sum(1)]
-    assert seen == {
-        "sequences": len(lengths),
-        "tokens": sum(lengths),
-        "min_length": min(lengths),
-        "max_length": max(lengths),
-    }
+    assert seen == squant.record.Coverage(
+        sequences=len(lengths),
+        tokens=sum(lengths),
+        min_length=min(lengths),
+        max_length=max(lengths),
+    )
     with pytest.raises(squant.SquantError, match="dynamic_sites takes"):
         squant.SmoothQuantConfig(dynamic_sites=("pooler",))

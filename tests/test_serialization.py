@@ -24,7 +24,8 @@ def test_save_load_round_trip_is_exact(tmp_path, arch, head, mode):
     squant.save(q, tmp_path / "q")
     loaded = squant.load(tmp_path / "q")
     assert type(loaded) is type(q)
-    assert loaded.squant_info == json.loads(json.dumps(q.squant_info))
+    assert loaded.squant_info == q.squant_info  # the typed record survives its JSON form
+    assert loaded.squant_info.to_dict() == json.loads(json.dumps(q.squant_info.to_dict()))
     test = token_batches(seed=3, pad=model.config.pad_token_id)[0]
     torch.testing.assert_close(run(loaded, test), run(q, test), rtol=0, atol=0)
     torch.testing.assert_close(last_hidden(loaded, test), last_hidden(q, test), rtol=0, atol=0)
@@ -145,8 +146,18 @@ def _module(field, value):
         (
             lambda m: m["quantization"]["modules"].update({"pooler.dense": {"mode": "static"}}),
             None,
+            "'pooler.dense' is missing field 'in_features'",
+        ),
+        (
+            lambda m: m["quantization"]["modules"].update(
+                {"pooler.dense": m["quantization"]["modules"][QKV]}
+            ),
+            None,
             "not a quantizable linear",
         ),
+        (_module("alpha", "auto"), None, "wrong type"),
+        (_module("absorbs", "encoder.layer.0.output"), None, "disagree"),
+        (lambda m: m["quantization"].update(calibration={"sequences": 3}), None, "tokens"),
         (lambda m: m["hf_config"].update(hidden_size=10**7), None, "hidden_size"),
         (lambda m: m["hf_config"].update(num_attention_heads=0), None, "num_attention_heads"),
         (lambda m: m["hf_config"].update(hidden_size=96), None, "does not match the model"),
@@ -263,4 +274,4 @@ def test_a_killed_save_leaves_the_previous_model_intact(tmp_path, saved):
         proc.wait()
     after = run(squant.load(target), test)
     torch.testing.assert_close(after, before, rtol=0, atol=0)
-    assert squant.load(target).squant_info["config"]["mode"] == "static"
+    assert squant.load(target).squant_info.config.mode == "static"

@@ -128,7 +128,7 @@ def test_static_compiled_variant_matches_eager_static_on_any_length():
     )
     eager = build("static", model, ctx)
     compiled = build("static-compiled", model, ctx)
-    assert compiled.squant_info["config"]["mode"] == "static"
+    assert compiled.squant_info.config.mode == "static"
     for batch in token_batches(n=3, batch=6, seq=5, seed=9):  # 6 rows > batch 4; seq 5..11
         with torch.no_grad():
             ref = eager(**batch)

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..record import record_of
 from ..shapes import buckets_up_to
 from ..variants import BuildContext, build, parse_variants
 
@@ -67,10 +68,10 @@ def score_variants(
             "build_seconds": built,
             "eval_seconds": time.perf_counter() - t0,
         }
-        info = getattr(variant, "squant_info", None)
-        if info:  # the alpha actually used per linear (searched when alpha="auto")
-            alphas = [m["alpha"] for m in info["modules"].values()]
-            results[name]["alpha_min"], results[name]["alpha_max"] = min(alphas), max(alphas)
+        record = record_of(variant)
+        if record and record.alphas:  # the alpha used per linear (searched when alpha="auto")
+            results[name]["alpha_min"] = min(record.alphas)
+            results[name]["alpha_max"] = max(record.alphas)
     return results
 
 

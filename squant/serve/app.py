@@ -30,6 +30,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..record import record_of
 from .engine import DeadlineExceededError, Engine, OverloadedError
 
 MAX_BODY_BYTES = 2 * 2**20
@@ -253,7 +254,9 @@ def create_app(engine: Engine, model_name: str = "squant", grace_s: float = 30.0
             "buckets": list(engine.buckets),
             "instances": engine.placement.instances,
             "cores_per_instance": engine.placement.cores_per_instance,
-            "quantization": getattr(engine.model, "squant_info", {}).get("config"),
+            "quantization": record.config.to_dict()
+            if (record := record_of(engine.model))
+            else None,
             "labels": list((cfg.id2label or {}).values()) if engine.task == "predict" else None,
             "pooling": engine.pooling if engine.task == "embed" else None,
         }
