@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -27,6 +28,7 @@ from .eval.task import Task
 from .outputs import first_tensor
 from .quantize import quantize, smooth
 from .record import record_of
+from .report import format_table
 
 
 @dataclass(frozen=True)
@@ -90,8 +92,106 @@ def sensitivity(
     return errors
 
 
-def tune(task: Task, config: TuneConfig | None = None, measure_speed: Any = None) -> dict[str, Any]:
-    """Search as described in the module docstring. Returns {"model", "report"}.
+@dataclass(frozen=True)
+class Attempt:
+    """One candidate configuration and its scores (every metric of the task)."""
+
+    config: SmoothQuantConfig
+    scores: dict[str, float]
+    loss_percent: float
+    within_budget: bool
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """One linear sent back to float, with the loss after it (and its speed cost if timed)."""
+
+    fell_back: str
+    sensitivity: float
+    loss_percent: float
+    ms: float | None = None
+    slowdown_vs_full_int8: float | None = None
+
+
+@dataclass
+class TuneResult:
+    """The chosen model and everything tried on the way (to_dict(): the JSON report)."""
+
+    model: nn.Module
+    metric: str
+    fp32: float
+    chosen: SmoothQuantConfig
+    within_budget: bool
+    tried: list[Attempt]
+    fallbacks: list[Fallback]
+    sensitivity: dict[str, float] | None
+    config: TuneConfig
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "budget_percent": self.config.max_loss,
+            "metric": self.metric,
+            "fp32": self.fp32,
+            "chosen": self.chosen.to_dict(),
+            "within_budget": self.within_budget,
+            "tried": [
+                {
+                    "config": t.config.to_dict(),
+                    **t.scores,
+                    "loss_percent": t.loss_percent,
+                    "within_budget": t.within_budget,
+                    "seconds": t.seconds,
+                }
+                for t in self.tried
+            ],
+            "fallbacks": [
+                {k: v for k, v in asdict(f).items() if v is not None} for f in self.fallbacks
+            ],
+            "sensitivity": self.sensitivity,
+            "tune_config": asdict(self.config),
+        }
+
+    def lines(self) -> list[str]:
+        """The report as a person reads it: every candidate, every fallback, the verdict."""
+        m = self.metric
+        others = [x for x in (self.tried[0].scores if self.tried else {}) if x != m]
+        rows = [
+            [
+                t.config.mode,
+                t.config.alpha,
+                len(t.config.exclude),
+                f"{t.scores[m]:.5f}",
+                *(f"{t.scores[x]:.5f}" for x in others),
+                f"{t.loss_percent:+.3f}%",
+                "yes" if t.within_budget else "no",
+            ]
+            for t in self.tried
+        ]
+        out = [f"FP32 {m}: {self.fp32:.5f}; budget {self.config.max_loss}% relative loss"]
+        out.append(
+            format_table(["mode", "alpha", "float linears", m, *others, "loss", "within"], rows)
+        )
+        for f in self.fallbacks:
+            speed = f" {f.ms:.1f} ms ({f.slowdown_vs_full_int8:.2f}x full INT8)" if f.ms else ""
+            out.append(
+                f"fell back {f.fell_back} (sensitivity {f.sensitivity:.4f}): "
+                f"loss {f.loss_percent:+.3f}%{speed}"
+            )
+        verdict = "within budget" if self.within_budget else "OVER budget (best found kept)"
+        out.append(
+            f"chosen: {self.chosen.mode}, alpha {self.chosen.alpha}, "
+            f"{len(self.chosen.exclude)} linear(s) in float ({verdict})"
+        )
+        return out
+
+
+def tune(
+    task: Task,
+    config: TuneConfig | None = None,
+    measure_speed: Callable[[nn.Module], float] | None = None,
+) -> TuneResult:
+    """Search as described in the module docstring.
 
     measure_speed: optional callable(model) -> ms per forward, for the fallback speed costs."""
     config = config or TuneConfig()
@@ -99,71 +199,52 @@ def tune(task: Task, config: TuneConfig | None = None, measure_speed: Any = None
     if metric not in task.metrics:
         raise SquantError(f"metric {metric!r} is not one of this task's: {', '.join(task.metrics)}")
     fp32 = task.score(task.model, "fp32")[metric]
-    tried: list[dict[str, Any]] = []
+    tried: list[Attempt] = []
 
     def attempt(qconfig: SmoothQuantConfig, label: str) -> tuple[nn.Module, float]:
         t0 = time.perf_counter()
         q = quantize(task.model, qconfig, task.calibration, progress=False)
         scores = task.score(q, label)  # every metric is kept in the report
         loss = relative_loss(scores[metric], fp32)
-        tried.append(
-            {
-                "config": qconfig.to_dict(),
-                **scores,
-                "loss_percent": loss,
-                "within_budget": loss <= config.max_loss,
-                "seconds": time.perf_counter() - t0,
-            }
-        )
+        within = loss <= config.max_loss
+        tried.append(Attempt(qconfig, scores, loss, within, time.perf_counter() - t0))
         return q, loss
+
+    def result(q: nn.Module, qconfig: SmoothQuantConfig, **rest: Any) -> TuneResult:
+        return TuneResult(q, metric, fp32, qconfig, tried=tried, config=config, **rest)
 
     best: tuple[nn.Module, float, SmoothQuantConfig] | None = None
     for mode in config.modes:
         for alpha in config.alphas:
-            qconfig = SmoothQuantConfig(mode=mode, alpha=alpha)
+            qconfig = SmoothQuantConfig(mode=mode, alpha=alpha)  # type: ignore[arg-type]
             q, loss = attempt(qconfig, f"{mode} alpha={alpha}")
             if best is None or loss < best[1]:
                 best = (q, loss, qconfig)
             if loss <= config.max_loss:
-                return _result(q, qconfig, fp32, metric, tried, [], None, config)
+                return result(q, qconfig, within_budget=True, fallbacks=[], sensitivity=None)
+    if best is None:
+        raise SquantError("tune needs at least one mode and one alpha to try")
 
     # over budget everywhere: fall back the most sensitive linears of the best candidate
     q, loss, qconfig = best
     ranking = sensitivity(task.model, q, task.calibration)
     order = sorted(ranking, key=ranking.__getitem__, reverse=True)
-    fallbacks: list[dict[str, Any]] = []
+    fallbacks: list[Fallback] = []
     base_ms = measure_speed(q) if measure_speed else None
     excluded: list[str] = []
     for name in order[: config.max_fallback]:
         excluded.append(name)
         qconfig = SmoothQuantConfig(**{**qconfig.to_dict(), "exclude": tuple(excluded)})
         q, loss = attempt(qconfig, f"fallback {len(excluded)}")
-        step = {"fell_back": name, "sensitivity": ranking[name], "loss_percent": loss}
-        if measure_speed:
-            step["ms"] = measure_speed(q)
-            step["slowdown_vs_full_int8"] = step["ms"] / base_ms
-        fallbacks.append(step)
+        ms = measure_speed(q) if measure_speed else None
+        slowdown = ms / base_ms if ms is not None and base_ms else None
+        fallbacks.append(Fallback(name, ranking[name], loss, ms, slowdown))
         if loss <= config.max_loss:
-            return _result(q, qconfig, fp32, metric, tried, fallbacks, ranking, config)
-    report = _report(qconfig, fp32, metric, tried, fallbacks, ranking, config)
-    report["within_budget"] = False
-    return {"model": q, "report": report}
-
-
-def _report(qconfig, fp32, metric, tried, fallbacks, ranking, config) -> dict[str, Any]:
-    return {
-        "budget_percent": config.max_loss,
-        "metric": metric,
-        "fp32": fp32,
-        "chosen": qconfig.to_dict(),
-        "tried": tried,
-        "fallbacks": fallbacks,
-        "sensitivity": ranking,
-        "tune_config": asdict(config),
-    }
-
-
-def _result(q, qconfig, fp32, metric, tried, fallbacks, ranking, config) -> dict[str, Any]:
-    report = _report(qconfig, fp32, metric, tried, fallbacks, ranking, config)
-    report["within_budget"] = True
-    return {"model": q, "report": report}
+            break
+    return result(
+        q,
+        qconfig,
+        within_budget=loss <= config.max_loss,
+        fallbacks=fallbacks,
+        sensitivity=ranking,
+    )

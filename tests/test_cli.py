@@ -270,3 +270,78 @@ def test_quantize_report_compares_held_out_texts_with_fp32(tiny_checkpoint, tmp_
     assert found, printed
     assert 0.95 < float(found[2]) <= float(found[1]) <= 1.0
     assert "size on disk: before" in printed
+
+
+def _labelled(tmp_path, n=48):
+    """Sentence pairs with integer labels the tiny classifier can be scored on."""
+    import json
+
+    words = [
+        "the",
+        "cat",
+        "sat",
+        "on",
+        "mat",
+        "a",
+        "dog",
+        "runs",
+        "fast",
+        "red",
+        "car",
+        "man",
+        "plays",
+        "music",
+    ]
+    rows = [
+        {
+            "sentence1": " ".join(words[i % 7 : i % 7 + 4]),
+            "sentence2": " ".join(words[(i * 3) % 9 : (i * 3) % 9 + 3]),
+            "label": str(i % 2),
+        }
+        for i in range(n)
+    ]
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def test_tune_command_saves_the_chosen_model_and_its_report(
+    tiny_checkpoint, calib_jsonl, tmp_path, capsys
+):
+    import json
+
+    out = tmp_path / "tuned"
+    data = _labelled(tmp_path)
+    args = ["tune", str(tiny_checkpoint), "--task", "glue", "--data", str(data)]
+    code = main([*args, "--calib", str(calib_jsonl), "--max-loss", "50%", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    report = json.loads((out / "tune.json").read_text())
+    assert report["within_budget"] is True
+    assert report["budget_percent"] == 50.0
+    assert report["chosen"] == report["tried"][-1]["config"]
+    assert report["chosen"]["mode"] == "static"  # the faster candidate is tried first
+    assert "chosen: static" in printed and "saved ->" in printed
+    tuned = squant.load(out)
+    assert tuned.squant_info.config.mode == "static"
+    # bad arguments: one line, nothing written
+    bad = tmp_path / "bad"
+    code = main([*args, "--calib", str(calib_jsonl), "--metric", "f9", "--out", str(bad)])
+    _one_line_error(capsys, code, "tune", "metric 'f9' is not one of this task's")
+    assert not (bad / "squant.json").exists()
+
+
+def test_analyze_command_prints_roofline_and_writes_json(tiny_checkpoint, tmp_path, capsys):
+    import json
+
+    record = tmp_path / "analyze.json"
+    args = ["analyze", str(tiny_checkpoint), "--seq", "16", "--threads", "1", "--quick"]
+    code = main([*args, "--hotspots", "", "--png", "", "--json", str(record)])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "roofline-bound ms per forward" in printed
+    saved = json.loads(record.read_text())
+    assert saved["batch"] == 1 and saved["seq"] == 16
+    assert saved["peaks"]["bandwidth_bytes_per_s"] > 0
+    code = main(["analyze", str(tmp_path / "missing"), "--hotspots", "", "--png", ""])
+    _one_line_error(capsys, code, "analyze", "missing")

@@ -3,6 +3,8 @@
 precision and no per-channel smoothing can move them), and it must be that
 layer that falls back to float."""
 
+import json
+
 import pytest
 import torch
 from torch import nn
@@ -59,22 +61,23 @@ def test_tune_falls_back_the_fragile_layer_and_meets_the_budget():
     full_loss = 100.0 - task.score(full, "full")["cosine_percent"]
     budget = full_loss / 2  # tighter than what full INT8 reaches
     result = tune(task, TuneConfig(max_loss=budget, alphas=("auto",), max_fallback=3))
-    report = result["report"]
-    assert report["within_budget"], report
+    assert result.within_budget, result.lines()
+    assert result.fallbacks[0].fell_back == FRAGILE
+    assert FRAGILE in result.chosen.exclude
+    assert type(result.model.get_submodule(FRAGILE)) is nn.Linear
+    assert result.fallbacks[-1].loss_percent <= budget
+    report = json.loads(json.dumps(result.to_dict()))  # the saved report is plain JSON
     assert report["fallbacks"][0]["fell_back"] == FRAGILE
-    assert FRAGILE in report["chosen"]["exclude"]
-    assert type(result["model"].get_submodule(FRAGILE)) is nn.Linear
-    assert report["fallbacks"][-1]["loss_percent"] <= budget
+    assert report["within_budget"] is True
 
 
 def test_tune_stops_at_the_first_candidate_within_budget():
     model = tiny_model("bert")
     result = tune(_cosine_task(model), TuneConfig(max_loss=5.0))
-    report = result["report"]
-    assert report["within_budget"]
-    assert len(report["tried"]) == 1  # static, alpha auto: the fastest candidate already fits
-    assert report["chosen"]["mode"] == "static"
-    assert report["fallbacks"] == []
+    assert result.within_budget
+    assert len(result.tried) == 1  # static, alpha auto: the fastest candidate already fits
+    assert result.chosen.mode == "static"
+    assert result.fallbacks == []
 
 
 def test_tune_config_validation():

@@ -28,6 +28,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--json", default=None)
     p.add_argument("--png", default="roofline.png", help="roofline plot ('' = none)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="measure the ceilings on a small GEMM for 0.1 s each (a rough look in seconds)",
+    )
 
 
 def run(args: argparse.Namespace) -> None:
@@ -45,7 +50,7 @@ def run(args: argparse.Namespace) -> None:
     model = load_any(args.model)
     gemms = analyze.model_gemms(model.config, args.batch, args.seq)
     print(f"measuring this CPU ({torch.get_num_threads()} threads) ...", file=sys.stderr)
-    peaks = measure_peaks()
+    peaks = measure_peaks(shape=(256, 1024, 1024), seconds=0.1) if args.quick else measure_peaks()
     cpu = cpu_features()
     record: dict[str, Any] = {"model": args.model, "batch": args.batch, "seq": args.seq}
     record["hardware"] = cpu.to_dict()

@@ -77,7 +77,6 @@ def run(args: argparse.Namespace) -> None:
     from ..eval.runner import prepare_task
     from ..files import check_output_dir
     from ..models import load_tokenizer
-    from ..report import format_table
     from ..serialization import CONFIG_FILE, save
     from ..tune import TuneConfig, tune
 
@@ -85,43 +84,14 @@ def run(args: argparse.Namespace) -> None:
     task = prepare_task(args.model, args.task, args.data, args.limit, args.calib, args.train)
     config = TuneConfig(max_loss=args.max_loss, max_fallback=args.max_fallback, metric=args.metric)
     result = tune(task, config, _speed_meter(task.model, args.measure_speed))
-    report = result["report"]
     save(
-        result["model"],
+        result.model,
         args.out,
         tokenizer=load_tokenizer(args.model),
         overwrite=args.overwrite,
         protect=(args.model,),
     )
     path = Path(args.json) if args.json else Path(args.out) / "tune.json"
-    path.write_text(json.dumps(report, indent=2))
-    m = report["metric"]
-    others = [x for x in task.metrics if x != m]
-    rows = [
-        [
-            t["config"]["mode"],
-            t["config"]["alpha"],
-            len(t["config"]["exclude"]),
-            f"{t[m]:.5f}",
-            *(f"{t[x]:.5f}" for x in others),
-            f"{t['loss_percent']:+.3f}%",
-            "yes" if t["within_budget"] else "no",
-        ]
-        for t in report["tried"]
-    ]
-    print(f"FP32 {m}: {report['fp32']:.5f}; budget {args.max_loss}% relative loss")
-    print(format_table(["mode", "alpha", "float linears", m, *others, "loss", "within"], rows))
-    for f in report["fallbacks"]:
-        speed = (
-            f" {f['ms']:.1f} ms ({f['slowdown_vs_full_int8']:.2f}x full INT8)" if "ms" in f else ""
-        )
-        print(
-            f"fell back {f['fell_back']} (sensitivity {f['sensitivity']:.4f}): "
-            f"loss {f['loss_percent']:+.3f}%{speed}"
-        )
-    verdict = "within budget" if report["within_budget"] else "OVER budget (best found saved)"
-    print(
-        f"chosen: {report['chosen']['mode']}, alpha {report['chosen']['alpha']}, "
-        f"{len(report['chosen']['exclude'])} linear(s) in float -> {args.out} ({verdict}); "
-        f"report {path}"
-    )
+    path.write_text(json.dumps(result.to_dict(), indent=2))
+    print("\n".join(result.lines()))
+    print(f"saved -> {args.out}; report {path}")
