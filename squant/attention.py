@@ -8,12 +8,13 @@ The attention itself is the model's own (``config._attn_implementation``: sdpa, 
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
 
 from .errors import SquantError
+from .mappings import hf_config
 
 
 def fuse_qkv_linear(query: nn.Linear, key: nn.Linear, value: nn.Linear) -> nn.Linear:
@@ -47,8 +48,9 @@ class FusedSelfAttention(nn.Module):
         super().__init__()
         self.config = original.config
         self.num_heads = num_heads
-        self.head_dim = int(original.attention_head_size)
-        self.scaling = float(original.scaling)
+        hf = cast(Any, original)  # the HF attention module's plain attributes
+        self.head_dim = int(hf.attention_head_size)
+        self.scaling = float(hf.scaling)
         self.is_causal = False
         self.dropout_p = float(getattr(getattr(original, "dropout", None), "p", 0.0))
         self.qkv = qkv
@@ -74,7 +76,7 @@ class FusedSelfAttention(nn.Module):
         qkv = self.qkv(hidden_states).view(*input_shape, 3, self.num_heads, self.head_dim)
         q, k, v = (t.transpose(1, 2) for t in qkv.unbind(dim=-3))
         attention = self._attention_functions.get_interface(
-            self.config._attn_implementation, self._eager_attention
+            hf_config(self)._attn_implementation, self._eager_attention
         )
         out, weights = attention(
             self,

@@ -37,7 +37,7 @@ class ChannelRange:
             return
         x = x.detach().float()
         lo, hi = x.amin(dim=0), x.amax(dim=0)
-        if self.min is None:
+        if self.min is None or self.max is None:
             self.min, self.max = lo, hi
         else:
             self.min = torch.minimum(self.min, lo)
@@ -45,14 +45,21 @@ class ChannelRange:
         self.tokens += x.shape[0]
 
     @property
-    def absmax(self) -> Tensor:
-        if self.min is None:
+    def bounds(self) -> tuple[Tensor, Tensor]:
+        """Per-channel (min, max) seen."""
+        if self.min is None or self.max is None:
             raise SquantError("no calibration tokens reached this layer")
-        return torch.maximum(self.min.abs(), self.max.abs())
+        return self.min, self.max
+
+    @property
+    def absmax(self) -> Tensor:
+        lo, hi = self.bounds
+        return torch.maximum(lo.abs(), hi.abs())
 
     def range_after(self, multiplier: Tensor) -> tuple[float, float]:
         """(lo, hi) over all channels of x * multiplier (multiplier > 0, per channel)."""
-        return float((self.min * multiplier).min()), float((self.max * multiplier).max())
+        lo, hi = self.bounds
+        return float((lo * multiplier).min()), float((hi * multiplier).max())
 
 
 class TokenSample:
@@ -73,7 +80,7 @@ class TokenSample:
             return
         x = x.detach().float()
         keys = torch.rand(x.shape[0], generator=self.generator)
-        if self.rows is not None:
+        if self.rows is not None and self.keys is not None:
             x, keys = torch.cat([self.rows, x]), torch.cat([self.keys, keys])
         if x.shape[0] > self.max_tokens:
             top = keys.topk(self.max_tokens).indices

@@ -14,10 +14,11 @@
 from __future__ import annotations
 
 import copy
+import functools
 import warnings
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 from torch import Tensor, nn
@@ -30,6 +31,7 @@ from .attention import (
 )
 from .errors import SquantError
 from .hardware import cpu_features
+from .mappings import hf_config
 from .outputs import first_tensor
 from .qlinear import QuantLinear
 from .record import QuantizationRecord, record_of
@@ -164,7 +166,7 @@ class CompiledEncoder(nn.Module):
         return {
             **asdict(self.compile_config),
             "resolved_float_dtype": str(self.float_dtype),
-            "attention_used": self.model.config._attn_implementation,
+            "attention_used": hf_config(self.model)._attn_implementation,
             "gemm_used": self.gemm,
             "selection": self.selection,
             "check_cosine": self.check_cosine,
@@ -204,14 +206,16 @@ def _time_attention(name: str, shape: tuple[int, int, int, int], dtype: torch.dt
     else:
         mask = keep.bool()[:, None, None, :].expand(b, 1, s, s)
     fn = ALL_ATTENTION_FUNCTIONS[name]
-    module = nn.Module().eval()
+    module = cast(Any, nn.Module().eval())
     module.is_causal = False
     compiled = torch.compile(lambda q, k, v, m: fn(module, q, k, v, m, scaling=d**-0.5)[0])
     with torch.no_grad():
         return measure(lambda: compiled(q, k, v, mask), warmup=3, min_seconds=0.5).median_ms
 
 
-def choose_attention(model: nn.Module, inputs: Mapping[str, Tensor], dtype: torch.dtype) -> dict:
+def choose_attention(
+    model: nn.Module, inputs: Mapping[str, Tensor], dtype: torch.dtype
+) -> dict[str, float]:
     """Time squant's and PyTorch's attention at this model's shapes; returns ms per candidate."""
     batch, seq = inputs["input_ids"].shape[:2]
     heads = next(m for m in model.modules() if isinstance(m, FusedSelfAttention))
@@ -238,7 +242,7 @@ def compile(  # the public name mirrors torch.compile
         cast_float_parts(work, dtype)
 
     selection: dict[str, Any] = {}
-    attention = config.attention
+    attention: str = config.attention
     has_fused = any(isinstance(m, FusedSelfAttention) for m in work.modules())
     if attention == "auto":
         if example_inputs is not None and has_fused:
@@ -248,7 +252,7 @@ def compile(  # the public name mirrors torch.compile
             attention = SQUANT_ATTENTION if has_fused else "model"
     if attention != "model":
         register_squant_attention()
-        work.config._attn_implementation = attention
+        hf_config(work)._attn_implementation = attention
 
     candidates = ["onednn", "autotune"] if config.gemm == "auto" else [config.gemm]
     if example_inputs is None:
@@ -274,7 +278,8 @@ def compile(  # the public name mirrors torch.compile
             )
         else:
             if len(candidates) > 1:
-                entry["ms"] = measure(lambda r=result: r(**inputs), min_seconds=1.0).median_ms
+                run = functools.partial(result, **inputs)
+                entry["ms"] = measure(run, min_seconds=1.0).median_ms
             entry["status"] = "ok"
             if best is None or entry.get("ms", 0.0) < selection[f"gemm:{best.gemm}"]["ms"]:
                 best = result

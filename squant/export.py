@@ -40,7 +40,7 @@ from .errors import SquantError, first_line
 from .files import atomic_directory, read_json_record
 from .hardware import cpu_features
 from .int8 import make_prepack_traceable
-from .mappings import MODEL_INPUT_KEYS, input_names
+from .mappings import MODEL_INPUT_KEYS, hf_config, input_names
 from .outputs import NamedOutputs, named_tensors, output_tensors
 from .qlinear import QuantLinear
 from .record import QuantizationRecord, record_of
@@ -103,7 +103,7 @@ def example_for(model: nn.Module, config: ExportConfig) -> dict[str, Tensor]:
     if config.seq > limit and not config.dynamic_seq:
         raise SquantError(f"seq {config.seq} exceeds the model's {limit} positions")
     seq = min(config.seq, limit)
-    ids = torch.full((config.batch, seq), min(1000, model.config.vocab_size - 1))
+    ids = torch.full((config.batch, seq), min(1000, int(hf_config(model).vocab_size) - 1))
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
 
@@ -145,7 +145,7 @@ def _export_into(
         cast_float_parts(work, dtype)
     if any(isinstance(m, FusedSelfAttention) for m in work.modules()):
         register_squant_attention()
-        work.config._attn_implementation = SQUANT_ATTENTION
+        hf_config(work)._attn_implementation = SQUANT_ATTENTION
     make_prepack_traceable()
     for m in work.modules():  # the exported graph packs in-graph (see QuantLinear._packed)
         if isinstance(m, QuantLinear):
@@ -188,14 +188,14 @@ def _export_into(
         "seq": None if dynamic_seq else int(inputs[0].shape[1]),
         "dynamic_seq": dynamic_seq,
         "max_seq": _max_positions(work) if dynamic_seq else int(inputs[0].shape[1]),
-        "vocab_size": int(model.config.vocab_size),
+        "vocab_size": int(hf_config(model).vocab_size),
         "type_vocab_size": int(getattr(model.config, "type_vocab_size", 1) or 1),
         "sha256": _sha256(directory / PACKAGE),
         "built_on": {"cpu": cpu.model_name, "isa": list(cpu.isa), "int8_path": cpu.int8_path},
         "requires_isa": [f for f in REQUIRED_ISA if cpu.has(f)],
     }
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2))
-    model.config.save_pretrained(str(directory))  # labels, sizes: what a server reads
+    hf_config(model).save_pretrained(str(directory))  # labels, sizes: what a server reads
     if tokenizer is not None:
         tokenizer.save_pretrained(str(directory))
 
@@ -226,7 +226,7 @@ def load_exported(directory: str | Path, num_runners: int = 1) -> ExportedModel:
     manifest = read_manifest(manifest_path)
     check_host(manifest)
     check_package(directory / PACKAGE, manifest["sha256"])
-    from torch._inductor.package import load_package
+    from torch._inductor.package import load_package  # type: ignore[attr-defined]
 
     try:
         runner = load_package(str(directory / PACKAGE), num_runners=num_runners)

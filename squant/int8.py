@@ -168,4 +168,4 @@ def int8_linear(
 
 
 def onednn_available() -> bool:
-    return bool(torch.backends.mkldnn.is_available())
+    return bool(torch.backends.mkldnn.is_available())  # type: ignore[no-untyped-call]

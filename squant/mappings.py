@@ -154,6 +154,20 @@ def model_inputs(model: Any, encoding: Mapping[str, Any]) -> dict[str, Any]:
     return {k: encoding[k] for k in input_names(model) if k in encoding}
 
 
+def hf_config(model: Any) -> Any:
+    """A Hugging Face model's config (transformers is not type-checked here: it is Any)."""
+    return model.config
+
+
+def linear_at(model: nn.Module, name: str) -> nn.Linear:
+    """The nn.Linear (or subclass) at `name`; anything else is an architecture squant's layout
+    misdescribes, said plainly."""
+    module = model.get_submodule(name)
+    if not isinstance(module, nn.Linear):
+        raise SquantError(f"{name} is a {type(module).__name__}, not the Linear squant expects")
+    return module
+
+
 def max_positions(model: nn.Module) -> int:
     """The longest token sequence the model accepts: its position embeddings', or what a
     packaged/shape-padded model states (`max_seq`)."""
@@ -162,7 +176,7 @@ def max_positions(model: nn.Module) -> int:
         return int(stated)
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     layout = LAYOUTS[model_type] if model_type in LAYOUTS else layout_for(model)  # raises
-    return int(model.config.max_position_embeddings) - layout.position_offset
+    return int(hf_config(model).max_position_embeddings) - layout.position_offset
 
 
 # Activation modules the int8 GEMM can apply in its epilogue (static mode), by class name.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import safetensors
 import torch
@@ -108,7 +108,7 @@ def load_model(path: str | Path, task: str = "auto") -> nn.Module:
         raise SquantError(f"{path} has no weights ({' or '.join(WEIGHT_FILES[::2])})")
     cls = model_class(config, task)
     try:
-        model, info = cls.from_pretrained(
+        model, info = cast(Any, cls).from_pretrained(
             str(path), dtype=torch.float32, local_files_only=True, output_loading_info=True
         )
     except (OSError, ValueError, RuntimeError, KeyError, safetensors.SafetensorError) as e:

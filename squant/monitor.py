@@ -14,6 +14,7 @@ the eager model next to the compiled one).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -48,7 +49,7 @@ class RangeMonitor:
         finally:
             self.token_mask = None
 
-    def _hook(self, name: str, module: QuantLinear):
+    def _hook(self, name: str, module: QuantLinear) -> Callable[..., None]:
         # beyond half a step past either end of the grid, rounding alone no longer covers it
         half = module._x_scale / 2
         lo = (int8.QMIN_A - module._x_zero_point) * module._x_scale - half

@@ -32,7 +32,7 @@ def named_tensors(out: Any) -> dict[str, Tensor]:
     return {f"output_{i}": t for i, t in enumerate(output_tensors(out))}
 
 
-class NamedOutputs(dict):
+class NamedOutputs(dict[str, Tensor]):
     """Named output tensors read like a transformers ModelOutput: `out.logits`,
     `out["logits"]`, or in order. What packaged and shape-padded models return."""
 

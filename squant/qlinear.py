@@ -34,6 +34,8 @@ class SmoothedLinear(nn.Linear):
     W' = W · s. Same output as the original up to float rounding; the inputs it sees (x · m)
     are what the int8 version will quantize."""
 
+    input_multiplier: Tensor
+
     @classmethod
     def from_linear(cls, linear: nn.Linear, smoothing: Tensor) -> SmoothedLinear:
         new = cls(linear.in_features, linear.out_features, linear.bias is not None)
@@ -49,6 +51,19 @@ class SmoothedLinear(nn.Linear):
 
 
 class QuantLinear(nn.Module):
+    # buffers (registered in __init__ / refresh), declared for the type checker
+    weight: Tensor
+    weight_scale: Tensor
+    bias: Tensor | None
+    input_multiplier: Tensor
+    input_scale: Tensor
+    input_zero_point: Tensor
+    kernel_weight: Tensor | None
+    kernel_scale: Tensor | None
+    packed_weight: Tensor
+    weight_zero_point: Tensor
+    _static_multiplier: Tensor
+
     def __init__(
         self, in_features: int, out_features: int, bias: bool, mode: str, activation: str = "none"
     ) -> None:
@@ -74,7 +89,7 @@ class QuantLinear(nn.Module):
             self.register_buffer(
                 "input_zero_point", torch.tensor(int8.SYMMETRIC_ZP, dtype=torch.int32)
             )
-        self.register_load_state_dict_post_hook(_refresh_after_load)
+        self.register_load_state_dict_post_hook(_refresh_after_load)  # type: ignore[no-untyped-call]
         if not self.weight.is_meta:  # a meta-device build only describes shapes (load checks)
             self.refresh()
 
@@ -97,7 +112,7 @@ class QuantLinear(nn.Module):
             w_q, w_scale = int8.quantize_weight(linear.weight)
             q.weight.copy_(w_q)
             q.weight_scale.copy_(w_scale)
-            if linear.bias is not None:
+            if linear.bias is not None and q.bias is not None:
                 q.bias.copy_(linear.bias.detach().float())
             if mode == "static":
                 if input_range is None:
@@ -138,7 +153,7 @@ class QuantLinear(nn.Module):
         return self.packed_weight
 
     def _kernel_weight(self) -> tuple[Tensor, Tensor]:
-        if self.kernel_weight is not None:
+        if self.kernel_weight is not None and self.kernel_scale is not None:
             return self.kernel_weight, self.kernel_scale
         return self.weight, self.weight_scale
 

@@ -19,7 +19,7 @@ import copy
 import fnmatch
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -29,7 +29,7 @@ from .attention import FusedSelfAttention, fuse_qkv_linear
 from .calibrate import Histogram, InputObservers, SiteStats, prepare_batches, run_batches
 from .config import SmoothQuantConfig
 from .errors import SquantError
-from .mappings import EncoderLayout, fusable_activation, layout_for
+from .mappings import EncoderLayout, fusable_activation, layout_for, linear_at
 from .qlinear import QuantLinear, SmoothedLinear
 from .record import Coverage, LinearRecord, QuantizationRecord
 from .sentence_transformer import is_sentence_transformer
@@ -46,9 +46,12 @@ class Site:
 
 
 def encoder_layers(model: nn.Module, layout: EncoderLayout) -> tuple[str, nn.ModuleList]:
-    base = model.base_model
+    base = cast(nn.Module, model.base_model)
     prefix = "" if base is model else f"{model.base_model_prefix}."
-    return f"{prefix}{layout.layers}", base.get_submodule(layout.layers)
+    layers = base.get_submodule(layout.layers)
+    if not isinstance(layers, nn.ModuleList):
+        raise SquantError(f"{prefix}{layout.layers} is not the list of encoder layers expected")
+    return f"{prefix}{layout.layers}", layers
 
 
 def calibration_coverage(batches: list[dict[str, Tensor]]) -> Coverage:
@@ -116,8 +119,9 @@ def searched_alpha(stats: Mapping[str, SiteStats], config: SmoothQuantConfig) ->
 
     def choose(site: Site, linear: nn.Linear) -> float:
         st = stats[site.name]
+        lo, hi = st.range.bounds
         best, _errors = search_alpha(
-            st.search_rows(), linear.weight, st.range.min, st.range.max, config.mode_for(site.kind)
+            st.search_rows(), linear.weight, lo, hi, config.mode_for(site.kind)
         )
         return best
 
@@ -140,7 +144,7 @@ def _apply_smoothing(
     alphas: dict[str, float] = {}
     # attn_out first: folding into V changes the QKV weight that QKV's smoothing reads.
     for site in sorted(sites, key=lambda s: s.kind != "attn_out"):
-        linear = model.get_submodule(site.name)
+        linear = linear_at(model, site.name)
         alphas[site.name] = alpha = choose_alpha(site, linear)
         s = smoothing_factors(
             stats[site.name].range.absmax, weight_channel_absmax(linear.weight), alpha
@@ -149,7 +153,7 @@ def _apply_smoothing(
         if site.kind == "attn_out":
             # context = softmax(QKᵀ)·V is linear in V's channels: scaling V's output rows
             # scales the context's channels, at no run-time cost.
-            qkv = layers[site.layer].get_submodule(layout.attention).qkv
+            qkv = linear_at(layers[site.layer], f"{layout.attention}.qkv")
             v_rows = slice(2 * linear.in_features, 3 * linear.in_features)
             qkv.weight[v_rows] /= s[:, None]
             if qkv.bias is not None:
@@ -170,7 +174,7 @@ def _observe(
 ) -> dict[str, Any]:
     modules = {n: model.get_submodule(n) for n in names}
     # A SmoothedLinear multiplies its input by 1/s first: observe what its GEMM sees.
-    multipliers = {
+    multipliers: dict[str, Tensor] = {
         n: m.input_multiplier for n, m in modules.items() if isinstance(m, SmoothedLinear)
     }
     with InputObservers(modules, make_observer, multipliers) as obs:
@@ -251,7 +255,7 @@ def quantize(
     auto = config.alpha == "auto"
     sample = config.search_tokens if auto else 0
     stats = _observe(model, names, lambda: SiteStats(sample), batches, "calibrating", progress)
-    chooser = searched_alpha(stats, config) if auto else fixed_alpha(config.alpha)
+    chooser = searched_alpha(stats, config) if auto else fixed_alpha(float(config.alpha))
     multipliers, alphas = _apply_smoothing(model, layout, sites, stats, chooser)
     for st in stats.values():
         st.sample = st.extremes = None  # free the token samples before the next pass
@@ -268,7 +272,7 @@ def quantize(
     layers_path, _ = encoder_layers(model, layout)
     modules: dict[str, LinearRecord] = {}
     for site in sites:
-        float_linear = model.get_submodule(site.name)
+        float_linear = linear_at(model, site.name)
         # The FFN activation moves into the int8 GEMM that feeds it (its epilogue, static).
         activation, absorbed = "none", None
         if site.kind == "ffn_in":
@@ -292,5 +296,7 @@ def quantize(
             activation=activation,
             absorbs=absorbed,
         )
-    model.squant_info = QuantizationRecord(config, modules, calibration_coverage(batches))
+    cast(Any, model).squant_info = QuantizationRecord(
+        config, modules, calibration_coverage(batches)
+    )
     return model.eval()

@@ -28,6 +28,7 @@ from typing import Any
 from torch import nn
 
 from .errors import SquantError, first_line
+from .mappings import hf_config
 
 MODULES_FILE = "modules.json"
 # files of the transformer's place that belong to the float checkpoint, never copied over
@@ -108,7 +109,7 @@ def save_files(st: Any, directory: Path) -> None:
                 shutil.move(str(item), str(target))
 
 
-def _stand_in(config: Any) -> nn.Module:
+def _stand_in(config: Any) -> Any:
     """The float model sentence-transformers is built around at load: the real config with
     no layers and a 2-token vocabulary (its weights are never used)."""
     import transformers
@@ -150,7 +151,7 @@ def load(directory: str | Path, model: nn.Module) -> Any:
             else []
         )
         shutil.copytree(directory, scratch, dirs_exist_ok=True, ignore=skip)
-        _stand_in(model.config).save_pretrained(scratch)
+        _stand_in(hf_config(model)).save_pretrained(scratch)
         try:
             st = st_lib.SentenceTransformer(scratch, device="cpu", local_files_only=True)
         except Exception as e:  # sentence-transformers raises many kinds

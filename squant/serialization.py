@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import safetensors.torch
 import torch
@@ -32,7 +32,7 @@ from torch import nn
 from . import int8, sentence_transformer
 from .errors import SquantError, first_line
 from .files import atomic_directory, read_json_record
-from .mappings import SUPPORTED_CLASSES, layout_for
+from .mappings import SUPPORTED_CLASSES, hf_config, layout_for, linear_at
 from .qlinear import QuantLinear
 from .quantize import encoder_layers, find_sites, fuse_attention
 from .record import LinearRecord, QuantizationRecord, record_of
@@ -71,7 +71,7 @@ def save(
         "torch_version": torch.__version__,
         "transformers_version": transformers.__version__,
         "model_class": type(model).__name__,
-        "hf_config": model.config.to_dict(),
+        "hf_config": hf_config(model).to_dict(),
         "quantization": info.to_dict(),
     }
     source = getattr(model.config, "_name_or_path", "")
@@ -166,7 +166,7 @@ def _check_modules(model: nn.Module, record: QuantizationRecord, where: str) -> 
         if name not in sites:
             raise SquantError(f"{w} is not a quantizable linear of {type(model).__name__}")
         site = sites[name]
-        linear = model.get_submodule(name)
+        linear = linear_at(model, name)
         shape = (rec.in_features, rec.out_features)
         if shape != (linear.in_features, linear.out_features):
             raise SquantError(
@@ -291,7 +291,7 @@ def load(directory: str | Path) -> Any:
     except (OSError, RuntimeError, safetensors.SafetensorError) as e:
         raise SquantError(f"cannot load {weights}: {first_line(e)}") from None
     _check_values(model, directory)
-    model.squant_info = record
+    cast(Any, model).squant_info = record
     if sentence_transformer.is_sentence_transformer_dir(directory):
         return sentence_transformer.load(directory, model.eval())
     return model.eval()

@@ -33,6 +33,13 @@ def buckets_up_to(max_seq: int, buckets: Sequence[int] = BUCKETS) -> tuple[int, 
     return (*(b for b in buckets if b < max_seq), max_seq)
 
 
+def repeat_rows(inputs: Mapping[str, Tensor], rows: int) -> dict[str, Tensor]:
+    """Every tensor's rows repeated cyclically (or cut) to `rows`: a batch of real rows at a
+    fixed size, with no all-padding row (whose softmax would see only masked keys)."""
+    n = int(inputs["input_ids"].shape[0])
+    return {k: v[torch.arange(rows) % n] for k, v in inputs.items()}
+
+
 class PaddedShapes(nn.Module):
     """Runs `model` only at [batch, bucket] shapes (see the module docstring).
 
@@ -99,10 +106,9 @@ class PaddedShapes(nn.Module):
             if target > seq:
                 fill = self.pad_token_id if name == "input_ids" else 0
                 t = nn.functional.pad(t, (0, target - seq), value=fill)
-            if rows < self.batch:  # repeat real rows (cyclically): no all-masked row runs
-                t = t[torch.arange(self.batch) % rows]
             out[name] = t
-        return out
+        # repeat real rows (cyclically): no all-masked row runs
+        return repeat_rows(out, self.batch) if rows < self.batch else out
 
     def _cut(self, out: Any, rows: int, seq: int) -> dict[str, Tensor]:
         cut = {}

@@ -26,6 +26,7 @@ from .errors import SquantError
 from .eval.metrics import relative_loss
 from .eval.task import Task
 from .outputs import first_tensor
+from .qlinear import QuantLinear
 from .quantize import quantize, smooth
 from .record import record_of
 from .report import format_table
@@ -81,6 +82,8 @@ def sensitivity(
     for name in info:
         original = base.get_submodule(name)
         q = copy.deepcopy(qmodel.get_submodule(name))
+        if not isinstance(q, QuantLinear):
+            raise SquantError(f"{name} is recorded as quantized but is a {type(q).__name__}")
         q.activation = "none"
         base.set_submodule(name, q)
         token_errors = [

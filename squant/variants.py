@@ -108,7 +108,7 @@ def _quantized(variant: Variant, model: nn.Module, ctx: BuildContext) -> nn.Modu
 
     if not ctx.calibration and variant.precision == "static":
         raise SquantError(f"variant {variant.name} needs calibration batches")
-    config = SmoothQuantConfig(mode=variant.precision, alpha=ctx.alpha)
+    config = SmoothQuantConfig(mode=variant.precision, alpha=ctx.alpha)  # type: ignore[arg-type]
     return quantize(model, config, list(ctx.calibration), progress=ctx.progress)
 
 

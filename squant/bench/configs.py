@@ -13,6 +13,7 @@ import transformers
 from torch import Tensor, nn
 
 from ..errors import SquantError
+from ..mappings import hf_config
 
 XLMR_BASE: dict[str, Any] = {
     "model_type": "xlm-roberta",
@@ -101,10 +102,12 @@ def random_model(name: str, seed: int = 0) -> nn.Module:
 def random_inputs(model: nn.Module, batch: int, seq: int, seed: int = 1) -> dict[str, Tensor]:
     """Token ids drawn from the vocabulary (special ids avoided), full attention mask."""
     g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(5, int(model.config.vocab_size), (batch, seq), generator=g)
+    ids = torch.randint(5, int(hf_config(model).vocab_size), (batch, seq), generator=g)
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
 
-def random_calibration(model: nn.Module, batches: int = 8, batch: int = 4, seq: int = 128):
+def random_calibration(
+    model: nn.Module, batches: int = 8, batch: int = 4, seq: int = 128
+) -> list[dict[str, Tensor]]:
     """Calibration batches for a random-weight model (random tokens, like its weights)."""
     return [random_inputs(model, batch, seq, seed=100 + i) for i in range(batches)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 from typing import Any
@@ -146,7 +147,8 @@ def _hotspots(model: Any, args: argparse.Namespace, variants: list[str]) -> dict
         v = Variant(v.precision, "compiled")  # a bare precision means its compiled model
         torch._dynamo.reset()
         compiled = build(v, model, context)
-        times = profile(lambda c=compiled: c(**inputs))
-        ms = measure(lambda c=compiled: c(**inputs), min_seconds=1.0).median_ms
+        run = functools.partial(compiled, **inputs)
+        times = profile(run)
+        ms = measure(run, min_seconds=1.0).median_ms
         out[v.precision] = {"percent": breakdown(times), "ms": ms}
     return out

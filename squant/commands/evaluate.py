@@ -15,7 +15,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("model", help="local checkpoint directory")
     p.add_argument("--task", required=True, choices=TASKS)
-    p.add_argument("--data", required=True, help="the examples to score (SQuAD JSON, JSONL, TSV)")
+    p.add_argument(
+        "--data",
+        required=True,
+        help="the examples to score: SQuAD JSON, JSONL, TSV, or a Hugging Face dataset "
+        "(a save_to_disk directory or a Hub id like glue/mnli, with :SPLIT to pick a split)",
+    )
     p.add_argument(
         "--variants",
         default="fp32,static,dynamic",

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import SquantError
 from .common import positive_float, positive_int
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from ..serve.engine import Engine
 
 HELP = "serve a model over HTTP (TEI/OpenAI-compatible routes, dynamic batching)"
 
@@ -33,7 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def build_engine(args: argparse.Namespace):
+def build_engine(args: argparse.Namespace) -> Engine:
     from ..bench.runner import plan
     from ..export import MANIFEST, load_packaged
     from ..models import load_model, load_tokenizer
@@ -56,7 +62,7 @@ def build_engine(args: argparse.Namespace):
         m = package.exported.manifest
         buckets = None if m["dynamic_seq"] else (m["seq"],)
         pad = int(getattr(tokenizer, "pad_token_id", 0) or 0)
-        model = PaddedShapes(package, m["batch"], buckets, pad, min_seq=2)
+        model: nn.Module = PaddedShapes(package, m["batch"], buckets, pad, min_seq=2)
         max_batch = min(max_batch, m["batch"])  # a bigger batch would run as serial chunks
     else:
         model = load(path) if (path / CONFIG_FILE).is_file() else load_model(path)

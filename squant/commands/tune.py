@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from .common import positive_int
 
@@ -23,7 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("model", help="local checkpoint directory")
     p.add_argument("--task", required=True, choices=TASKS)
-    p.add_argument("--data", required=True)
+    p.add_argument("--data", required=True, help="as for squant eval (files or a dataset)")
     p.add_argument("--train", default=None, help="probe only: labelled pairs to fit the probe")
     p.add_argument("--calib", default=None)
     p.add_argument("--limit", type=positive_int, default=None)
@@ -52,7 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _speed_meter(model, seq: int):
+def _speed_meter(model: Any, seq: int) -> Callable[[Any], float] | None:
     """ms per compiled forward at batch 1 x seq, or None when not asked for."""
     if seq <= 0:
         return None
@@ -64,7 +66,7 @@ def _speed_meter(model, seq: int):
 
     inputs = random_inputs(model, 1, seq)
 
-    def meter(qmodel) -> float:
+    def meter(qmodel: Any) -> float:
         torch._dynamo.reset()
         # timing only (random tokens): the numerics check is loose on purpose
         compiled = compile(qmodel, CompileConfig(min_cosine=0.9), inputs)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from tqdm.auto import tqdm
 
 from ..errors import SquantError
 from ..mappings import model_inputs
+from . import hf_data
 
 FIRST = ("sentence1", "premise", "question", "question1", "text_a", "sentence", "text")
 SECOND = ("sentence2", "hypothesis", "sentence", "question2", "text_b")
@@ -40,7 +42,7 @@ def _pick(record: dict[str, Any], keys: tuple[str, ...], exclude: str | None = N
     return None
 
 
-def _records(path: Path):
+def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     if path.suffix == ".jsonl":
         with path.open(encoding="utf-8") as f:
             for n, line in enumerate(f, 1):
@@ -66,37 +68,44 @@ def _records(path: Path):
 
 
 def read_labelled(
-    path: str | Path, limit: int | None = None, pairs: bool | None = None
+    path: str | Path, limit: int | None = None, pairs: bool | None = None, task: str = "glue"
 ) -> list[LabelledText]:
     """Labelled texts in file order. pairs: True = every row must be a pair (NLI), None = all
-    rows like the first; a row of the other kind is an error, never silently scored alone."""
+    rows like the first; a row of the other kind is an error, never silently scored alone.
+    path may also name a Hugging Face dataset (hf_data.py; its split defaults by task)."""
+    if hf_data.is_dataset(path):
+        return _parse_labelled(hf_data.rows(path, task), str(path), limit, pairs)
     path = Path(path)
     if not path.is_file():
         raise SquantError(f"data file {path} does not exist")
+    records = ((f"{path}:{n}", rec) for n, rec in _records(path))
     try:
-        return _read_labelled(path, limit, pairs)
+        return _parse_labelled(records, str(path), limit, pairs)
     except UnicodeDecodeError as e:
         raise SquantError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
     except csv.Error as e:
         raise SquantError(f"{path} is not a readable TSV file ({e})") from None
 
 
-def _read_labelled(path: Path, limit: int | None, pairs: bool | None) -> list[LabelledText]:
+def _parse_labelled(
+    records: Iterable[tuple[str, dict[str, Any]]],
+    source: str,
+    limit: int | None,
+    pairs: bool | None,
+) -> list[LabelledText]:
     items: list[LabelledText] = []
-    for n, rec in _records(path):
+    for where, rec in records:
         first = _pick(rec, FIRST)
         label = _pick(rec, LABEL)
         if first is None or label is None:
             wanted = f"a text field ({', '.join(FIRST)}) and a label ({', '.join(LABEL)})"
-            raise SquantError(f"{path}:{n}: need {wanted}")
+            raise SquantError(f"{where}: need {wanted}")
         second = _pick(rec, SECOND, exclude=first)
         if pairs is None:
             pairs = second is not None
         if pairs != (second is not None):
             kind = "a sentence pair" if pairs else "a single text (as the first row)"
-            raise SquantError(
-                f"{path}:{n}: expected {kind}; rows must not mix pairs and single texts"
-            )
+            raise SquantError(f"{where}: expected {kind}; rows must not mix pairs and single texts")
         if str(rec[label]).strip() == "-":  # SNLI/MNLI: no annotator consensus
             continue
         items.append(
@@ -107,7 +116,7 @@ def _read_labelled(path: Path, limit: int | None, pairs: bool | None) -> list[La
         if limit is not None and len(items) >= limit:
             break
     if not items:
-        raise SquantError(f"{path} holds no labelled examples")
+        raise SquantError(f"{source} holds no labelled examples")
     return items
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 import re
 import string
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
 _PUNCT = set(string.punctuation)
@@ -38,14 +38,18 @@ def f1(prediction: str, gold: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-def best_over_golds(metric, prediction: str, golds: Sequence[str]) -> float:
+def best_over_golds(
+    metric: Callable[[str, str], float], prediction: str, golds: Sequence[str]
+) -> float:
     """Max of the metric over the gold answers; no gold answers means 'unanswerable'."""
     if not golds:
         golds = [""]
     return max(metric(prediction, g) for g in golds)
 
 
-def squad_scores(predictions: dict[str, str], golds: dict[str, Sequence[str]]) -> dict[str, float]:
+def squad_scores(
+    predictions: Mapping[str, str], golds: Mapping[str, Sequence[str]]
+) -> dict[str, float]:
     """{"exact_match", "f1"} in percent over every question in golds (missing = empty answer)."""
     if not golds:
         raise ValueError("no questions to score")

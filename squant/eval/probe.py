@@ -99,11 +99,11 @@ class LinearProbe:
         def closure() -> Tensor:
             opt.zero_grad()
             loss = nn.functional.cross_entropy(z @ w.T + b, y) + l2 * w.pow(2).sum()
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]
             return loss
 
         with torch.enable_grad():
-            opt.step(closure)
+            opt.step(closure)  # type: ignore[no-untyped-call]
         return cls(w.detach(), b.detach(), mean, std)
 
     def logits(self, x: Tensor) -> Tensor:

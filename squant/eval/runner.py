@@ -8,11 +8,12 @@ held-apart slice at the end of the data file (those examples are then not scored
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from ..data import read_texts, tokenize
+from ..data import Text, read_texts, tokenize
 from ..errors import SquantError
 from ..mappings import max_positions
 from ..models import load_model, load_tokenizer
@@ -21,6 +22,9 @@ from . import classify, squad
 from .metrics import accuracy, relative_loss, squad_scores
 from .probe_eval import ProbeSettings, prepare_probe
 from .task import Task, score_variants
+
+T = TypeVar("T")
+PathLike = str | Path
 
 
 @dataclass(frozen=True)
@@ -32,12 +36,16 @@ class EvalSettings:
     progress: bool = True
 
 
-def _calibration(tok: Any, texts: list, max_length: int, model: Any) -> list[dict[str, Any]]:
+def _calibration(
+    tok: Any, texts: Sequence[Text], max_length: int, model: Any
+) -> list[dict[str, Any]]:
     # with coverage inputs (empty, 1-5 words, packed documents up to the model's limit)
     return tokenize(tok, texts, 8, max_length, coverage_length=max_positions(model))
 
 
-def _hold_apart(items: list, calib_size: int, has_calib_file: bool, limit: int | None):
+def _hold_apart(
+    items: list[T], calib_size: int, has_calib_file: bool, limit: int | None
+) -> tuple[list[T], list[T]]:
     """(scored, held): the last calib_size items are held apart for calibration (none when a
     calibration file is given) and never scored; limit caps the scored ones."""
     held = 0 if has_calib_file else calib_size
@@ -50,7 +58,9 @@ def _hold_apart(items: list, calib_size: int, has_calib_file: bool, limit: int |
     return (scored[:limit] if limit else scored), rest
 
 
-def squad_task(model_dir, data, limit, calib, s: EvalSettings) -> Task:
+def squad_task(
+    model_dir: PathLike, data: PathLike, limit: int | None, calib: PathLike | None, s: EvalSettings
+) -> Task:
     examples, v2 = squad.read_squad(data)  # data errors first: they cost no model load
     model = load_model(model_dir, task="question-answering")
     tok = load_tokenizer(model_dir)
@@ -62,7 +72,7 @@ def squad_task(model_dir, data, limit, calib, s: EvalSettings) -> Task:
     )
     golds = {ex.id: ex.answers for ex in scored}
 
-    def score(variant, label):
+    def score(variant: Any, label: str) -> dict[str, float]:
         preds = squad.predict_squad(
             variant,
             tok,
@@ -91,9 +101,17 @@ def squad_task(model_dir, data, limit, calib, s: EvalSettings) -> Task:
     )
 
 
-def classification_task(model_dir, data, limit, calib, s: EvalSettings, name: str) -> Task:
+def classification_task(
+    model_dir: PathLike,
+    data: PathLike,
+    limit: int | None,
+    calib: PathLike | None,
+    s: EvalSettings,
+    name: str,
+) -> Task:
     # NLI is a pair task: a row missing its hypothesis is an error, not a single sentence
-    items = classify.read_labelled(data, pairs=True if name in ("mnli", "snli") else None)
+    pairs = True if name in ("mnli", "snli") else None
+    items = classify.read_labelled(data, pairs=pairs, task=name)
     model = load_model(model_dir, task="sequence-classification")
     tok = load_tokenizer(model_dir)
     scored, held = _hold_apart(items, s.calib_size, calib is not None, limit)
@@ -105,7 +123,7 @@ def classification_task(model_dir, data, limit, calib, s: EvalSettings, name: st
         else [(it.text, it.pair) if it.pair else it.text for it in held]
     )
 
-    def score(variant, label):
+    def score(variant: Any, label: str) -> dict[str, float]:
         pred = classify.predict_labels(
             variant,
             tok,
@@ -177,7 +195,8 @@ def evaluate(
     fp32 = results.get("fp32")
     if fp32 is not None:
         for r in results.values():
-            r["relative_loss_percent"] = {m: relative_loss(r[m], fp32[m]) for m in t.metrics}
+            losses = {m: relative_loss(r[m], fp32[m]) for m in t.metrics}
+            r["relative_loss_percent"] = losses  # type: ignore[assignment]
     return {
         "task": task,
         **t.info,

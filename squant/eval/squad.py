@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from ..errors import SquantError
 from ..mappings import model_inputs
+from . import hf_data
 
 
 @dataclass(frozen=True)
@@ -24,7 +26,10 @@ class SquadExample:
 
 
 def read_squad(path: str | Path, limit: int | None = None) -> tuple[list[SquadExample], bool]:
-    """Questions in file order, and whether the file is SQuAD v2 (has unanswerable ones)."""
+    """Questions in file order, and whether the file is SQuAD v2 (has unanswerable ones).
+    path may also name a Hugging Face dataset in its flat SQuAD layout (hf_data.py)."""
+    if hf_data.is_dataset(path):
+        return _from_flat_rows(hf_data.rows(path, "squad"), str(path), limit)
     path = Path(path)
     if not path.is_file():
         raise SquantError(f"SQuAD file {path} does not exist")
@@ -34,28 +39,57 @@ def read_squad(path: str | Path, limit: int | None = None) -> tuple[list[SquadEx
         raise SquantError(f"{path} is not a SQuAD JSON file ({type(e).__name__}: {e})") from None
     except RecursionError:
         raise SquantError(f"{path}: JSON nested too deeply to be SQuAD") from None
+    qas = (
+        (qa, para["context"])
+        for article in data
+        for para in article["paragraphs"]
+        for qa in para["qas"]
+    )
+    return _examples(qas, str(path), limit)
+
+
+def _from_flat_rows(
+    rows: Iterable[tuple[str, dict[str, Any]]], source: str, limit: int | None
+) -> tuple[list[SquadExample], bool]:
+    """The datasets layout: one row per question, answers as {"text": [...], ...}; a question
+    with no answer text is unanswerable (SQuAD v2)."""
+
+    def qas() -> Iterator[tuple[dict[str, Any], Any]]:
+        for where, row in rows:
+            answers = row.get("answers")
+            if not isinstance(answers, dict) or not isinstance(answers.get("text"), list):
+                raise SquantError(f"{where}: expected SQuAD rows with answers {{'text': [...]}}")
+            texts = answers["text"]
+            qa = {**row, "answers": [{"text": t} for t in texts], "is_impossible": not texts}
+            yield qa, row.get("context")
+
+    return _examples(qas(), source, limit)
+
+
+def _examples(
+    qas: Iterable[tuple[dict[str, Any], Any]], source: str, limit: int | None
+) -> tuple[list[SquadExample], bool]:
     examples: list[SquadExample] = []
     seen: set[str] = set()
     v2 = False
+    path = source
     try:
-        for article in data:
-            for para in article["paragraphs"]:
-                for qa in para["qas"]:
-                    impossible = bool(qa.get("is_impossible", False))
-                    v2 |= impossible
-                    answers = () if impossible else tuple(a["text"] for a in qa["answers"])
-                    qid = str(qa["id"])
-                    if qid in seen:
-                        raise SquantError(
-                            f"{path}: question id {qid!r} appears twice; scores are kept per id, "
-                            "so every question needs its own"
-                        )
-                    seen.add(qid)
-                    if not isinstance(qa["question"], str) or not isinstance(para["context"], str):
-                        raise SquantError(f"{path}: question {qid!r} has a non-text field")
-                    examples.append(SquadExample(qid, qa["question"], para["context"], answers))
-                    if limit is not None and len(examples) >= limit:
-                        return examples, v2
+        for qa, context in qas:
+            impossible = bool(qa.get("is_impossible", False))
+            v2 |= impossible
+            answers = () if impossible else tuple(a["text"] for a in qa["answers"])
+            qid = str(qa["id"])
+            if qid in seen:
+                raise SquantError(
+                    f"{path}: question id {qid!r} appears twice; scores are kept per id, "
+                    "so every question needs its own"
+                )
+            seen.add(qid)
+            if not isinstance(qa["question"], str) or not isinstance(context, str):
+                raise SquantError(f"{path}: question {qid!r} has a non-text field")
+            examples.append(SquadExample(qid, qa["question"], context, answers))
+            if limit is not None and len(examples) >= limit:
+                return examples, v2
     except (KeyError, TypeError) as e:
         raise SquantError(f"{path}: malformed SQuAD entry (missing {e})") from None
     if not examples:
@@ -63,7 +97,14 @@ def read_squad(path: str | Path, limit: int | None = None) -> tuple[list[SquadEx
     return examples, v2
 
 
-def _best_span(start, end, offsets, context_mask, max_answer_length, n_best):
+def _best_span(
+    start: Tensor,
+    end: Tensor,
+    offsets: Any,
+    context_mask: Tensor,
+    max_answer_length: int,
+    n_best: int,
+) -> tuple[float, int, int] | None:
     """(score, char_start, char_end) of the best valid span in one window, or None."""
     starts = torch.topk(start.masked_fill(~context_mask, -1e9), min(n_best, len(start))).indices
     ends = torch.topk(end.masked_fill(~context_mask, -1e9), min(n_best, len(end))).indices

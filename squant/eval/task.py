@@ -8,11 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 
 from ..record import record_of
-from ..shapes import buckets_up_to
+from ..shapes import buckets_up_to, repeat_rows
 from ..variants import BuildContext, build, parse_variants
 
 
@@ -49,7 +48,7 @@ def score_variants(
     ctx = BuildContext(
         calibration=t.calibration,
         alpha=alpha,
-        example_inputs=_batch_of(example, t.batch_size) if example is not None else None,
+        example_inputs=repeat_rows(example, t.batch_size) if example is not None else None,
         buckets=buckets_up_to(t.max_length),
         workdir=workdir,
         progress=progress,
@@ -73,9 +72,3 @@ def score_variants(
             results[name]["alpha_min"] = min(record.alphas)
             results[name]["alpha_max"] = max(record.alphas)
     return results
-
-
-def _batch_of(example: dict[str, Any], rows: int) -> dict[str, Any]:
-    """The example's rows repeated (or cut) to the task's batch size."""
-    n = int(example["input_ids"].shape[0])
-    return {k: v[torch.arange(rows) % n] for k, v in example.items()}

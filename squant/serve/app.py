@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import torch
@@ -30,6 +31,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..data import Text
+from ..mappings import hf_config
 from ..record import record_of
 from .engine import DeadlineExceededError, Engine, OverloadedError
 
@@ -58,7 +61,7 @@ class TokenizeRequest(BaseModel):
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, kind: str, headers: dict | None = None):
+    def __init__(self, status: int, message: str, kind: str, headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status, self.message, self.kind, self.headers = status, message, kind, headers
 
@@ -83,7 +86,7 @@ def _metrics(registry: CollectorRegistry) -> dict[str, Any]:
 
 def create_app(engine: Engine, model_name: str = "squant", grace_s: float = 30.0) -> FastAPI:
     @contextlib.asynccontextmanager
-    async def lifespan(_app: FastAPI):
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         yield
         # SIGTERM (uvicorn stops accepting first): finish what was admitted, then stop
         await asyncio.to_thread(engine.stop, grace_s)
@@ -118,7 +121,7 @@ def create_app(engine: Engine, model_name: str = "squant", grace_s: float = 30.0
         )
 
     @app.middleware("http")
-    async def _count(request: Request, call_next):
+    async def _count(request: Request, call_next: Any) -> Any:
         length = request.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
             response = JSONResponse(
@@ -132,7 +135,7 @@ def create_app(engine: Engine, model_name: str = "squant", grace_s: float = 30.0
         m["requests"].labels(request.url.path, str(response.status_code)).inc()
         return response
 
-    def _checked(items: list) -> list:
+    def _checked(items: list[Text]) -> list[Text]:
         if not items:
             raise ApiError(400, "no inputs", "empty")
         if len(items) > engine.config.max_inputs:
@@ -141,10 +144,10 @@ def create_app(engine: Engine, model_name: str = "squant", grace_s: float = 30.0
             )
         return items
 
-    def _texts(inputs: str | list[str]) -> list:
+    def _texts(inputs: str | list[str]) -> list[Text]:
         return _checked([inputs] if isinstance(inputs, str) else list(inputs))
 
-    def _predict_texts(inputs: str | list) -> list:
+    def _predict_texts(inputs: str | list[Any]) -> list[Text]:
         """TEI's shapes: "text"; ["text", "text"] is ONE pair; a batch is a list of [text]
         or [text, text]."""
         if isinstance(inputs, str):
@@ -155,14 +158,14 @@ def create_app(engine: Engine, model_name: str = "squant", grace_s: float = 30.0
             if len(inputs) == 2:
                 return [tuple(inputs)]
             raise ApiError(422, "a batch is a list of [text] or [text, text] items", "validation")
-        items = []
+        items: list[Text] = []
         for x in inputs:
             if not isinstance(x, list) or len(x) not in (1, 2):
                 raise ApiError(422, "each batch item must be [text] or [text, text]", "validation")
             items.append(x[0] if len(x) == 1 else tuple(x))
         return _checked(items)
 
-    async def _run(texts: list, truncate: bool) -> tuple[list[torch.Tensor], int]:
+    async def _run(texts: list[Text], truncate: bool) -> tuple[list[torch.Tensor], int]:
         if not engine.ready:
             raise ApiError(503, "not ready" if not engine.draining else "draining", "unavailable")
         t0 = time.perf_counter()
@@ -221,7 +224,7 @@ def create_app(engine: Engine, model_name: str = "squant", grace_s: float = 30.0
     async def predict(body: PredictRequest) -> list[list[dict[str, Any]]]:
         _need("predict")
         rows, _ = await _run(_predict_texts(body.inputs), body.truncate)
-        labels = engine.model.config.id2label or {}
+        labels = hf_config(engine.model).id2label or {}
         out = []
         for r in rows:
             probs = torch.softmax(r, dim=-1)
@@ -245,7 +248,7 @@ def create_app(engine: Engine, model_name: str = "squant", grace_s: float = 30.0
 
     @app.get("/info")
     def info() -> dict[str, Any]:
-        cfg = engine.model.config
+        cfg = hf_config(engine.model)
         return {
             "model": model_name,
             "model_class": type(engine.model).__name__,

@@ -75,7 +75,7 @@ class _Sequence:
     type_ids: list[int] | None
     bucket: int
     deadline: float
-    future: Future = field(default_factory=Future)
+    future: Future[Any] = field(default_factory=Future)
     enqueued: float = field(default_factory=time.perf_counter)
 
 
@@ -176,7 +176,7 @@ class Engine:
             out.append((ids, list(enc["token_type_ids"]) if "token_type_ids" in enc else None))
         return out
 
-    def submit(self, encoded: list[tuple[list[int], list[int] | None]]) -> list[Future]:
+    def submit(self, encoded: list[tuple[list[int], list[int] | None]]) -> list[Future[Any]]:
         """Queue sequences; returns one future per sequence (its output row)."""
         deadline = time.perf_counter() + self.config.timeout_s
         seqs = [
