@@ -10,12 +10,12 @@ Accepted files:
 from __future__ import annotations
 
 import itertools
-import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from .errors import SquantError
+from .files import iter_jsonl
 
 Text = str | tuple[str, str]
 
@@ -44,6 +44,18 @@ def _from_record(record: Any, where: str) -> Text:
     raise SquantError(f"{where}: no text field found (looked for {fields})")
 
 
+def _file_texts(path: Path) -> Iterator[Text]:
+    if path.suffix == ".jsonl":
+        for n, record in iter_jsonl(path, objects_only=False):
+            yield _from_record(record, f"{path}:{n}")
+        return
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            line = line.rstrip("\n")
+            if line.strip():
+                yield tuple(line.split("\t", 1)) if "\t" in line else line  # type: ignore[misc]
+
+
 def read_texts(path: str | Path, limit: int | None = None) -> list[Text]:
     """Non-empty texts or pairs from a calibration file, in file order."""
     path = Path(path)
@@ -51,29 +63,12 @@ def read_texts(path: str | Path, limit: int | None = None) -> list[Text]:
         raise SquantError(f"calibration file {path} does not exist")
     texts: list[Text] = []
     try:
-        with path.open(encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                line = line.rstrip("\n")
-                if not line.strip():
-                    continue
-                if path.suffix == ".jsonl":
-                    try:
-                        record = json.loads(line)
-                    except json.JSONDecodeError as e:
-                        raise SquantError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-                    except RecursionError:
-                        raise SquantError(f"{path}:{n}: JSON nested too deeply") from None
-                    text = _from_record(record, f"{path}:{n}")
-                elif "\t" in line:
-                    a, b = line.split("\t", 1)
-                    text = (a, b)
-                else:
-                    text = line
-                if isinstance(text, str) and not text.strip():
-                    continue
-                texts.append(text)
-                if limit is not None and len(texts) >= limit:
-                    break
+        for text in _file_texts(path):
+            if isinstance(text, str) and not text.strip():
+                continue
+            texts.append(text)
+            if limit is not None and len(texts) >= limit:
+                break
     except UnicodeDecodeError as e:
         raise SquantError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
     if not texts:

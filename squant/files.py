@@ -143,3 +143,22 @@ def read_json_record(
             f"{' or '.join(map(str, versions))}{fix}"
         )
     return record
+
+
+def iter_jsonl(path: Path, objects_only: bool = True) -> Iterator[tuple[int, Any]]:
+    """(line number, value) for each non-blank line of a JSONL file. A line that is not JSON,
+    nests too deeply, or (objects_only) is not an object is a SquantError naming it; the
+    caller turns UnicodeDecodeError into its own message (it knows what the file was for)."""
+    with path.open(encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise SquantError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+            except RecursionError:
+                raise SquantError(f"{path}:{n}: JSON nested too deeply") from None
+            if objects_only and not isinstance(value, dict):
+                raise SquantError(f"{path}:{n}: expected a JSON object, got {type(value).__name__}")
+            yield n, value

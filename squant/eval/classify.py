@@ -9,7 +9,6 @@ checkpoint's own config.id2label.
 from __future__ import annotations
 
 import csv
-import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..errors import SquantError
+from ..files import iter_jsonl
 from ..mappings import model_inputs
 from . import hf_data
 
@@ -44,25 +44,11 @@ def _pick(record: dict[str, Any], keys: tuple[str, ...], exclude: str | None = N
 
 def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     if path.suffix == ".jsonl":
-        with path.open(encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if line.strip():
-                    try:
-                        record = json.loads(line)
-                    except json.JSONDecodeError as e:
-                        raise SquantError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-                    except RecursionError:
-                        raise SquantError(f"{path}:{n}: JSON nested too deeply") from None
-                    if not isinstance(record, dict):
-                        raise SquantError(
-                            f"{path}:{n}: expected a JSON object, got {type(record).__name__}"
-                        )
-                    yield n, record
+        yield from iter_jsonl(path)
     elif path.suffix in (".tsv", ".txt"):
         with path.open(encoding="utf-8", newline="") as f:
             reader = csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
-            for n, row in enumerate(reader, 2):
-                yield n, row
+            yield from enumerate(reader, 2)
     else:
         raise SquantError(f"{path}: expected .jsonl or .tsv data")
 

@@ -1,12 +1,12 @@
-"""NLI data in the published SNLI / MultiNLI JSONL format (sentence1, sentence2, gold_label)."""
+"""NLI pairs (SNLI / MultiNLI: sentence1, sentence2, gold_label) as the probe reads them."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import SquantError
+from .classify import read_labelled
 
 NLI_LABELS = ("entailment", "neutral", "contradiction")
 
@@ -26,29 +26,15 @@ class Pairs:
         )
 
 
-def read_nli_jsonl(path: str | Path, limit: int | None = None) -> Pairs:
-    """Pairs with a gold label (items whose gold_label is '-', no consensus, are skipped)."""
-    path = Path(path)
-    if not path.is_file():
-        raise SquantError(f"NLI data file {path} does not exist")
-    prem, hyp, lab = [], [], []
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-                label = rec["gold_label"]
-                s1, s2 = rec["sentence1"], rec["sentence2"]
-            except (json.JSONDecodeError, KeyError, TypeError) as e:
-                raise SquantError(f"{path}:{n}: not an NLI record ({e})") from None
-            if label not in NLI_LABELS:
-                continue
-            prem.append(s1)
-            hyp.append(s2)
-            lab.append(NLI_LABELS.index(label))
-            if limit is not None and len(lab) >= limit:
-                break
-    if not lab:
-        raise SquantError(f"{path} holds no labelled NLI pairs")
-    return Pairs(prem, hyp, lab)
+def read_nli(path: str | Path, limit: int | None = None) -> Pairs:
+    """Pairs with a gold label (items whose gold_label is '-', no consensus, are skipped).
+    Read like every labelled file (classify.read_labelled): JSONL, TSV or a dataset."""
+    items = read_labelled(path, pairs=True, task="snli")
+    pairs = [it for it in items if it.label.lower() in NLI_LABELS][:limit]
+    if not pairs:
+        raise SquantError(f"{path} holds no pairs labelled {', '.join(NLI_LABELS)}")
+    return Pairs(
+        [it.text for it in pairs],
+        [str(it.pair) for it in pairs],
+        [NLI_LABELS.index(it.label.lower()) for it in pairs],
+    )

@@ -24,7 +24,7 @@ from ..data import tokenize
 from ..errors import SquantError
 from ..mappings import max_positions
 from ..models import load_model, load_tokenizer
-from .nli import NLI_LABELS, Pairs, read_nli_jsonl
+from .nli import NLI_LABELS, Pairs, read_nli
 from .probe import LinearProbe, accuracy, cosine_tail, embed, mean_cosine, pair_features
 from .task import Task, score_variants
 
@@ -76,8 +76,8 @@ def prepare_probe(
     s = settings or ProbeSettings()
     model = load_model(model_dir, task="base")
     tok = load_tokenizer(model_dir)
-    test_pairs = read_nli_jsonl(test, limit)
-    train_all = read_nli_jsonl(train)
+    test_pairs = read_nli(test, limit)
+    train_all = read_nli(train)
     n_calib_pairs = (s.calib_sentences + 1) // 2
     if len(train_all) < s.train_pairs + n_calib_pairs:
         raise SquantError(
