@@ -8,11 +8,14 @@ goes in the compiled model (Table 3).
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .bench.peaks import Peaks
+from .bench.peaks import Peaks, measure_peaks
 from .bench.roofline import (
     DTYPE_BYTES,
     Gemm,
@@ -24,6 +27,9 @@ from .bench.roofline import (
     roofline_seconds,
 )
 from .errors import SquantError
+from .hardware import CpuFeatures, cpu_features
+from .mappings import hf_config
+from .report import format_table
 from .variants import GEMM_DTYPES
 
 
@@ -152,3 +158,151 @@ def read_bench(path: str | Path, model: str | None = None) -> dict[str, Any]:
 def model_gemms(config: Any, batch: int, seq: int) -> list[Gemm]:
     d = model_dims(config)
     return encoder_gemms(batch, seq, d["hidden"], d["intermediate"], d["heads"], d["layers"])
+
+
+@dataclass
+class Analysis:
+    """Everything `squant analyze` measured and derived for one model and shape."""
+
+    model: str
+    batch: int
+    seq: int
+    hardware: CpuFeatures
+    peaks: Peaks
+    gemms: list[Gemm]
+    hotspots: dict[str, dict[str, Any]]  # precision -> {"percent": {...}, "ms": ...}
+    other_ms: float  # non-GEMM ms of the INT8 forward (from the hotspots), 0 without them
+    ceilings: dict[str, float]
+    realized: list[list[Any]] | None  # realized vs ceiling rows, when a bench JSON was given
+
+    def record(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "model": self.model,
+            "batch": self.batch,
+            "seq": self.seq,
+            "hardware": self.hardware.to_dict(),
+            "peaks": self.peaks.to_dict(),
+            "ceilings": self.ceilings,
+        }
+        if self.hotspots:
+            out["hotspots"] = self.hotspots
+        if self.realized is not None:
+            out["realized_vs_ceiling"] = self.realized
+        return out
+
+    def lines(self) -> list[str]:
+        cpu, p, c = self.hardware, self.peaks, self.ceilings
+        out = [
+            f"{cpu.model_name}: {cpu.physical_cores} cores, {len(cpu.numa_nodes)} NUMA node(s), "
+            f"ISA {' '.join(cpu.isa)}; {p.threads} threads, clock {p.clock_ghz} GHz",
+            f"memory bandwidth (copy): {p.bandwidth_bytes_per_s / 1e9:.1f} GB/s",
+            "",
+            format_table(
+                ["dtype", "measured GOP/s", "theoretical", "of peak", "balance ops/B"],
+                peaks_table(p),
+            ),
+            "",
+            f"GEMMs of one forward, batch {self.batch}, seq {self.seq} "
+            "(arithmetic intensity, ops/byte)",
+            format_table(
+                ["GEMM", "m x k x n", "count", "fp32", "bf16", "int8"], gemm_table(self.gemms)
+            ),
+            "",
+            "roofline-bound ms per forward (linear block)",
+            format_table(
+                ["GEMM", "fp32", "bf16", "int8", "int8 vs fp32", "int8 vs bf16"],
+                roofline_table(self.gemms, p),
+            ),
+        ]
+        if self.hotspots:
+            kinds = ("linear", "attention", "layernorm", "other")
+            rows = [
+                [v, *(f"{h['percent'][k]:.1f}%" for k in kinds), f"{h['ms']:.1f}"]
+                for v, h in self.hotspots.items()
+            ]
+            out += [
+                "",
+                "where the time goes (profiler, compiled model)",
+                format_table(["variant", *kinds, "ms"], rows),
+            ]
+        out += [
+            "",
+            f"ceilings: INT8 linear block {c['int8_vs_fp32_linear']:.2f}x FP32, "
+            f"{c['int8_vs_bf16_linear']:.2f}x BF16; end to end with {self.other_ms:.1f} ms of "
+            f"non-GEMM work {c['int8_vs_fp32_end_to_end']:.2f}x FP32, "
+            f"{c['int8_vs_bf16_end_to_end']:.2f}x BF16",
+        ]
+        if self.realized is not None:
+            out += [
+                "",
+                "realized vs ceiling (linear-block roofline bound / measured forward)",
+                format_table(
+                    ["variant", "GEMM dtype", "measured ms", "bound ms", "of ceiling"],
+                    self.realized,
+                ),
+            ]
+        return out
+
+
+def analyze_model(
+    model: Any,
+    name: str,
+    batch: int = 1,
+    seq: int = 256,
+    hotspots: Sequence[str] = ("fp32", "static"),
+    bench: str | Path | None = None,
+    quick: bool = False,
+) -> Analysis:
+    """Measure this CPU's ceilings, place the model's GEMMs on the roofline, profile where the
+    compiled variants spend their time, and (with a bench JSON) how close they came.
+    quick: ceilings from a small GEMM for 0.1 s each (a rough look in seconds)."""
+    gemms = model_gemms(hf_config(model), batch, seq)
+    peaks = measure_peaks(shape=(256, 1024, 1024), seconds=0.1) if quick else measure_peaks()
+    hot = profile_variants(model, hotspots, batch, seq) if hotspots else {}
+    int8 = [h for v, h in hot.items() if v in ("static", "dynamic")]
+    other_ms = int8[0]["ms"] * (100 - int8[0]["percent"]["linear"]) / 100 if int8 else 0.0
+    realized = (
+        realized_vs_ceiling(read_bench(bench, name), gemms, peaks) if bench is not None else None
+    )
+    return Analysis(
+        name,
+        batch,
+        seq,
+        cpu_features(),
+        peaks,
+        gemms,
+        hot,
+        other_ms,
+        ceilings(gemms, peaks, other_ms),
+        realized,
+    )
+
+
+def profile_variants(
+    model: Any, precisions: Sequence[str], batch: int, seq: int
+) -> dict[str, dict[str, Any]]:
+    """Per precision, the compiled model's time split (profiler) and its median ms, on random
+    tokens (enough to place the time; accuracy is not measured here)."""
+    import torch
+
+    from .bench.configs import random_calibration, random_inputs
+    from .bench.hotspots import breakdown, profile
+    from .timing import measure
+    from .variants import BuildContext, Variant, build, parse_variants
+
+    inputs = random_inputs(model, batch, seq)
+    context = BuildContext(
+        random_calibration(model), example_inputs=inputs, kernel_profile=True, progress=False
+    )
+    out = {}
+    for v in parse_variants(tuple(precisions)):
+        if v.runtime == "pt2":
+            raise SquantError(f"--hotspots profiles compiled models; {v.name} is a package")
+        v = Variant(v.precision, "compiled")  # a bare precision means its compiled model
+        torch._dynamo.reset()
+        run = functools.partial(build(v, model, context), **inputs)
+        out[v.precision] = {
+            "percent": breakdown(profile(run)),
+            "ms": measure(run, min_seconds=1.0).median_ms,
+        }
+    return out
