@@ -25,6 +25,7 @@ from .bench.roofline import (
     gemm_bytes,
     linear_block_seconds,
     roofline_seconds,
+    speedup_ceiling,
 )
 from .errors import SquantError
 from .hardware import CpuFeatures, cpu_features
@@ -109,16 +110,17 @@ def roofline_table(gemms: list[Gemm], p: Peaks) -> list[list[Any]]:
 def ceilings(gemms: list[Gemm], p: Peaks, other_ms: float = 0.0) -> dict[str, float]:
     """Speedup ceilings of INT8 over FP32 and BF16: linear block only, and end to end with
     `other_ms` of work that does not change with the GEMM dtype (attention, norms, ...)."""
-    bw = p.bandwidth_bytes_per_s
-    t = {d: 1e3 * linear_block_seconds(gemms, d, p.gemm_ops_per_s[d], bw) for d in DTYPE_BYTES}
+    bw, ops = p.bandwidth_bytes_per_s, p.gemm_ops_per_s
+    t = {d: 1e3 * linear_block_seconds(gemms, d, ops[d], bw) for d in DTYPE_BYTES}
+    other_s = other_ms / 1e3
     return {
         "linear_block_ms_fp32": t["fp32"],
         "linear_block_ms_bf16": t["bf16"],
         "linear_block_ms_int8": t["int8"],
-        "int8_vs_fp32_linear": t["fp32"] / t["int8"],
-        "int8_vs_bf16_linear": t["bf16"] / t["int8"],
-        "int8_vs_fp32_end_to_end": (t["fp32"] + other_ms) / (t["int8"] + other_ms),
-        "int8_vs_bf16_end_to_end": (t["bf16"] + other_ms) / (t["int8"] + other_ms),
+        "int8_vs_fp32_linear": speedup_ceiling(gemms, ops, bw, "int8", "fp32"),
+        "int8_vs_bf16_linear": speedup_ceiling(gemms, ops, bw, "int8", "bf16"),
+        "int8_vs_fp32_end_to_end": speedup_ceiling(gemms, ops, bw, "int8", "fp32", other_s),
+        "int8_vs_bf16_end_to_end": speedup_ceiling(gemms, ops, bw, "int8", "bf16", other_s),
     }
 
 

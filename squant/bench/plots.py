@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from .peaks import Peaks
-from .roofline import DTYPE_BYTES, Gemm, arithmetic_intensity
+from .roofline import DTYPE_BYTES, Gemm, arithmetic_intensity, attainable
 
 
 def _pyplot() -> Any:
@@ -28,11 +28,15 @@ def roofline_png(gemms: list[Gemm], peaks: Peaks, path: str | Path, title: str) 
     for dtype in DTYPE_BYTES:
         peak = peaks.gemm_ops_per_s[dtype]
         ax.plot(
-            xs, [min(peak, x * bw) / 1e9 for x in xs], color=colors[dtype], label=f"{dtype} roof"
+            xs,
+            [attainable(x, peak, bw) / 1e9 for x in xs],
+            color=colors[dtype],
+            label=f"{dtype} roof",
         )
         for g in gemms:
             ai = arithmetic_intensity(g.m, g.k, g.n, dtype)
-            ax.scatter([ai], [min(peak, ai * bw) / 1e9], color=colors[dtype], s=18, zorder=3)
+            y = attainable(ai, peak, bw) / 1e9
+            ax.scatter([ai], [y], color=colors[dtype], s=18, zorder=3)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (ops/byte)")
