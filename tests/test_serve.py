@@ -152,6 +152,36 @@ def test_full_queue_is_429_with_retry_after(tokenizer):
         engine.submit(engine.tokenize(["d"]))
 
 
+def test_queued_work_over_max_queue_ms_is_429_with_its_wait(tokenizer):
+    """Admission by time: with a measured speed of 1,000 padded tokens/s, 16-token sequences
+    queue 16 ms each; past max_queue_ms (50) requests are refused with Retry-After >= wait,
+    long before the count limit, and an empty queue always admits."""
+    model = tiny_model("bert", vocab_size=len(tokenizer))
+    config = ServeConfig(instances=1, cores_per_instance=1, max_queue=1000, max_queue_ms=50)
+    engine = Engine(model, tokenizer, config)
+    engine.ready = True  # workers not started: the queue only fills
+    engine._tokens_per_s = 1000.0
+    admitted = 0
+    while True:
+        try:
+            engine.submit(engine.tokenize(["a"]))  # 16-token bucket
+        except OverloadedError as e:
+            refused = e
+            break
+        admitted += 1
+        assert admitted < 20, "never refused"
+    assert engine.queue_depth() == admitted == 4  # 4 x 16 ms = 64 ms > 50 ms: the 5th is refused
+    assert engine.queue_seconds() == pytest.approx(0.064)
+    assert refused.retry_after_s == pytest.approx(0.064)
+    r = TestClient(create_app(engine)).post("/embed", json={"inputs": "a"})
+    assert r.status_code == 429 and r.headers["retry-after"] == "1"
+    assert r.json()["error_type"] == "overloaded"
+    # the same queue with the time limit off admits up to the count limit
+    assert ServeConfig(max_queue_ms=0).max_queue_ms == 0
+    with pytest.raises(squant.SquantError, match="max_queue_ms"):
+        ServeConfig(max_queue_ms=-1)
+
+
 def test_ready_health_info_metrics(tokenizer, embedder):
     model = tiny_model("bert", vocab_size=len(tokenizer))
     cold = Engine(model, tokenizer, ServeConfig(instances=1, cores_per_instance=1))

@@ -32,6 +32,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-queue", type=positive_int, default=1024, help="sequences waiting")
     p.add_argument("--timeout", type=positive_float, default=30.0, help="seconds in the queue")
     p.add_argument(
+        "--max-queue-ms",
+        type=float,
+        default=2000.0,
+        help="refuse (429) while the queued work would take longer than this to run (0: off)",
+    )
+    p.add_argument(
         "--pooling-from",
         default=None,
         help="a sentence-transformers directory whose pooling/normalize config to use "
@@ -75,6 +81,7 @@ def build_engine(args: argparse.Namespace) -> Engine:
         max_batch_tokens=args.max_batch_tokens,
         max_queue=args.max_queue,
         timeout_s=args.timeout,
+        max_queue_ms=args.max_queue_ms,
     )
     pooling, normalize = pooling_of(args.pooling_from or path)
     # Directories from `squant quantize` run eagerly: a squant.compile runner with dynamic

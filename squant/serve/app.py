@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -178,7 +179,8 @@ def create_app(engine: Engine, model_name: str = "squant", grace_s: float = 30.0
         try:
             futures = engine.submit(encoded)
         except OverloadedError as e:
-            raise ApiError(429, str(e), "overloaded", {"Retry-After": "1"}) from None
+            retry = str(max(1, math.ceil(e.retry_after_s)))
+            raise ApiError(429, str(e), "overloaded", {"Retry-After": retry}) from None
         try:
             rows = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
         except DeadlineExceededError as e:

@@ -43,7 +43,11 @@ BUCKETS = (16, 32, 64, 128, 256, 512)
 
 
 class OverloadedError(Exception):
-    """The queue is full: try again later (HTTP 429)."""
+    """The queue is full, or holds more work than max_queue_ms: try again later (HTTP 429)."""
+
+    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class DeadlineExceededError(Exception):
@@ -59,6 +63,11 @@ class ServeConfig:
     max_queue: int = 1024  # sequences waiting, all requests together
     max_inputs: int = 256  # texts in one request
     timeout_s: float = 30.0  # deadline of a request in the queue
+    # admission by time, not only by count: a request is refused (429) when the work already
+    # queued would take longer than this to run at the measured speed. Under overload the
+    # queue then stays short, so latency stays bounded and recovers at once when load falls
+    # (a queue bounded only by count fills to timeout_s of waiting first). 0: off.
+    max_queue_ms: float = 2000.0
     buckets: tuple[int, ...] = BUCKETS
 
     def __post_init__(self) -> None:
@@ -67,6 +76,8 @@ class ServeConfig:
                 raise SquantError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.timeout_s > 0:
             raise SquantError(f"timeout_s must be > 0, got {self.timeout_s}")
+        if self.max_queue_ms < 0:
+            raise SquantError(f"max_queue_ms must be >= 0, got {self.max_queue_ms}")
 
 
 @dataclass
@@ -139,6 +150,8 @@ class Engine:
         self.placement = plan(self.config.instances, self.config.cores_per_instance)
         self.stats = Stats()
         self._queue: deque[_Sequence] = deque()
+        self._queued_tokens = 0  # padded tokens waiting (bucket widths)
+        self._tokens_per_s: float | None = None  # all workers together, moving average
         self._cond = threading.Condition()
         self._local = threading.local()
         self._workers: list[threading.Thread] = []
@@ -183,14 +196,28 @@ class Engine:
             _Sequence(ids, types, next(b for b in self.buckets if b >= len(ids)), deadline)
             for ids, types in encoded
         ]
+        tokens = sum(s.bucket for s in seqs)
         with self._cond:
             if self.draining or self._stopping:
                 raise OverloadedError("the server is shutting down")
             if len(self._queue) + len(seqs) > self.config.max_queue:
                 raise OverloadedError(f"queue full ({len(self._queue)} sequences waiting)")
+            wait_s = self.queue_seconds()
+            limit_s = self.config.max_queue_ms / 1e3
+            # the check counts only work already queued, so an idle server admits anything
+            if limit_s and wait_s > limit_s:
+                raise OverloadedError(
+                    f"{wait_s:.1f} s of work queued (limit {limit_s:.1f} s)", retry_after_s=wait_s
+                )
             self._queue.extend(seqs)
+            self._queued_tokens += tokens
             self._cond.notify_all()
         return [s.future for s in seqs]
+
+    def queue_seconds(self) -> float:
+        """Estimated time to run what is queued now, at the measured speed (0 before any)."""
+        rate = self._tokens_per_s
+        return self._queued_tokens / rate if rate else 0.0
 
     def queue_depth(self) -> int:
         return len(self._queue)
@@ -215,6 +242,7 @@ class Engine:
                 s = self._queue.popleft()
                 (batch if s.bucket == first.bucket else kept).append(s)
             self._queue.extendleft(reversed(kept))
+            self._queued_tokens -= sum(s.bucket for s in batch)
         live = []
         for s in batch:
             if s.future.cancelled():  # the client went away: never run
@@ -247,6 +275,11 @@ class Engine:
         elapsed = time.perf_counter() - t0
         for s, row in zip(batch, rows, strict=True):
             s.future.set_result(row)
+        # every worker runs at about this speed: the engine's is instances times it
+        rate = mask.numel() / max(elapsed, 1e-6) * self.placement.instances
+        with self._cond:
+            old = self._tokens_per_s
+            self._tokens_per_s = rate if old is None else 0.8 * old + 0.2 * rate
         with self.stats.lock:
             self.stats.batches += 1
             self.stats.sequences += len(batch)
@@ -299,6 +332,7 @@ class Engine:
                         s.future.set_running_or_notify_cancel()
                     self._run(filler)
             self.stats = Stats()  # warm-up is not traffic
+            self._tokens_per_s = None  # nor is its speed (first calls may compile)
         for i in range(self.placement.instances):
             t = threading.Thread(target=self._worker, args=(i,), daemon=True, name=f"squant-{i}")
             t.start()
