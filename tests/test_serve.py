@@ -244,21 +244,14 @@ def test_serve_builds_its_engine_from_a_deploy_directory(deploy_dir):
     batch; each request still gets its own result."""
     import argparse
 
-    from squant.commands.serve import build_engine
+    from squant.commands.serve import add_arguments, build_engine
     from squant.models import load_tokenizer
 
     quantized, deploy = deploy_dir
     q, tok = squant.load(quantized), load_tokenizer(deploy)
-    args = argparse.Namespace(
-        model=str(deploy),
-        pooling_from=None,
-        instances=2,
-        cores_per_instance=1,
-        max_batch_requests=32,
-        max_batch_tokens=8192,
-        max_queue=64,
-        timeout=30.0,
-    )
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)  # the command's own parser: its defaults, as a user gets them
+    args = parser.parse_args([str(deploy), "--instances", "2", "--cores-per-instance", "1"])
     engine = build_engine(args)
     assert engine.task == "predict"  # the package's class has a head
     assert engine.config.max_batch_requests == 2  # never more than the package's batch
