@@ -24,6 +24,7 @@ import random
 import shlex
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -34,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from squant.report import format_table
 
 
-def read_pool(path: str, n: int, seed: int = 0) -> list[str]:
+def read_pool(path: str, n: int, seed: int = 0, join: int = 1) -> list[str]:
     lines = Path(path).read_text(encoding="utf-8").splitlines()
     texts = []
     for line in lines:
@@ -45,6 +46,8 @@ def read_pool(path: str, n: int, seed: int = 0) -> list[str]:
             texts.append(line.strip())
     texts = sorted(set(texts))
     random.Random(seed).shuffle(texts)
+    if join > 1:  # longer inputs: `join` texts end to end
+        texts = [" ".join(texts[i : i + join]) for i in range(0, len(texts) - join + 1, join)]
     return texts[:n]
 
 
@@ -71,6 +74,72 @@ async def references(client: httpx.AsyncClient, url: str, pool: list[str]) -> li
     return out
 
 
+async def run_phases(
+    client: httpx.AsyncClient,
+    url: str,
+    pool: list[str],
+    refs: list[list[float]],
+    phases: list[tuple[float, float]],
+    min_cosine: float,
+    seed: int,
+) -> list[dict]:
+    """Poisson arrivals at each phase's (rate, seconds) in turn, open loop; one record per
+    request: when it was sent (s since start), its phase, code, latency, and whether its
+    vector matched its own text's reference."""
+    rng = random.Random(seed)
+    sent: list[dict] = []
+
+    async def one(i: int, rec: dict) -> None:
+        t0 = time.perf_counter()
+        try:
+            r = await client.post(f"{url}/embed", json={"inputs": pool[i]})
+        except httpx.HTTPError as e:
+            rec["error"] = type(e).__name__
+            return
+        rec["code"] = r.status_code
+        rec["ms"] = 1e3 * (time.perf_counter() - t0)
+        if r.status_code == 200:
+            rec["match"] = cosine(r.json()[0], refs[i]) >= min_cosine
+
+    tasks = []
+    start = time.perf_counter()
+    t, phase_end = 0.0, 0.0
+    for phase, (rate, seconds) in enumerate(phases):
+        phase_start, phase_end = phase_end, phase_end + seconds
+        t = max(t, phase_start)
+        while True:
+            t += rng.expovariate(rate)
+            if t > phase_end:
+                t = phase_end
+                break
+            await asyncio.sleep(max(0.0, start + t - time.perf_counter()))
+            rec = {"t": round(t, 4), "phase": phase}
+            sent.append(rec)
+            tasks.append(asyncio.create_task(one(rng.randrange(len(pool)), rec)))
+    await asyncio.gather(*tasks)
+    return sent
+
+
+def summarize(records: list[dict], rate: float, seconds: float) -> dict:
+    codes: dict[str, int] = {}
+    for r in records:
+        if "code" in r:
+            codes[str(r["code"])] = codes.get(str(r["code"]), 0) + 1
+    latencies = [r["ms"] for r in records if r.get("code") == 200]
+    return {
+        "offered_rps": rate,
+        "sent": len(records),
+        "throughput_rps": codes.get("200", 0) / seconds,
+        "p50_ms": percentile(latencies, 50),
+        "p90_ms": percentile(latencies, 90),
+        "p99_ms": percentile(latencies, 99),
+        "codes": codes,
+        "mismatches": sum(1 for r in records if r.get("match") is False),
+        "connection_errors": sum(1 for r in records if "error" in r),
+        "seconds": seconds,
+    }
+
+
 async def run_rate(
     client: httpx.AsyncClient,
     url: str,
@@ -81,49 +150,8 @@ async def run_rate(
     min_cosine: float,
     seed: int,
 ) -> dict:
-    rng = random.Random(seed)
-    codes: dict[str, int] = {}
-    latencies: list[float] = []
-    mismatches = 0
-    errors = 0
-
-    async def one(i: int) -> None:
-        nonlocal mismatches, errors
-        t0 = time.perf_counter()
-        try:
-            r = await client.post(f"{url}/embed", json={"inputs": pool[i]})
-        except httpx.HTTPError:
-            errors += 1
-            return
-        codes[str(r.status_code)] = codes.get(str(r.status_code), 0) + 1
-        if r.status_code == 200:
-            latencies.append(1e3 * (time.perf_counter() - t0))
-            if cosine(r.json()[0], refs[i]) < min_cosine:
-                mismatches += 1
-
-    tasks = []
-    start = time.perf_counter()
-    t = 0.0
-    while True:
-        t += rng.expovariate(rate)
-        if t > duration:
-            break
-        await asyncio.sleep(max(0.0, start + t - time.perf_counter()))
-        tasks.append(asyncio.create_task(one(rng.randrange(len(pool)))))
-    await asyncio.gather(*tasks)
-    elapsed = time.perf_counter() - start
-    return {
-        "offered_rps": rate,
-        "sent": len(tasks),
-        "throughput_rps": codes.get("200", 0) / elapsed,
-        "p50_ms": percentile(latencies, 50),
-        "p90_ms": percentile(latencies, 90),
-        "p99_ms": percentile(latencies, 99),
-        "codes": codes,
-        "mismatches": mismatches,
-        "connection_errors": errors,
-        "seconds": elapsed,
-    }
+    records = await run_phases(client, url, pool, refs, [(rate, duration)], min_cosine, seed)
+    return summarize(records, rate, duration)
 
 
 def wait_ready(url: str, timeout: float = 600.0) -> None:
@@ -138,11 +166,99 @@ def wait_ready(url: str, timeout: float = 600.0) -> None:
     raise SystemExit(f"{url} did not become ready in {timeout:.0f} s")
 
 
-async def main_async(args: argparse.Namespace) -> dict:
-    pool = read_pool(args.texts, args.pool)
+class MemorySampler:
+    """Resident memory of a process (VmRSS, and PSS from smaps_rollup when readable) every
+    `every` seconds, in a thread: is the server's memory flat under load?"""
+
+    def __init__(self, pid: int | None, every: float = 0.5) -> None:
+        self.pid, self.every = pid, every
+        self.samples: list[dict] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._t0 = time.perf_counter()
+
+    def _read(self) -> dict | None:
+        out = {"t": round(time.perf_counter() - self._t0, 2)}
+        try:
+            for name, key in (("status", "VmRSS:"), ("smaps_rollup", "Pss:")):
+                path = Path(f"/proc/{self.pid}/{name}")
+                for line in path.read_text().splitlines():
+                    if line.startswith(key):
+                        out[key.rstrip(":").lower() + "_mib"] = int(line.split()[1]) / 1024
+        except OSError:
+            return None
+        return out
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every):
+            sample = self._read()
+            if sample is not None:
+                self.samples.append(sample)
+
+    def __enter__(self) -> MemorySampler:
+        self._t0 = time.perf_counter()
+        if self.pid is not None:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+
+def burst_report(
+    records: list[dict], phases: list[tuple[float, float]], memory: list[dict]
+) -> dict:
+    """Before / during / after an overload burst: codes, lost and mismatched requests, p99 per
+    second, how long p99 took to come back, and memory per phase."""
+    base_seconds, burst_seconds, _ = (p[1] for p in phases)
+    by_phase = [[r for r in records if r["phase"] == i] for i in range(3)]
+    summary = [summarize(rs, rate, sec) for rs, (rate, sec) in zip(by_phase, phases, strict=True)]
+    base_p99 = summary[0]["p99_ms"] or 0.0
+    # p99 of the requests sent in each second after the burst; "back" = from the first second
+    # whose p99 (and every later one's) is within 1.5x the pre-burst p99
+    end = base_seconds + burst_seconds
+    per_second = []
+    for k in range(int(phases[2][1])):
+        window = [
+            r["ms"] for r in by_phase[2] if r.get("code") == 200 and end + k <= r["t"] < end + k + 1
+        ]
+        per_second.append(percentile(window, 99))
+    ok = [p is None or p <= 1.5 * base_p99 for p in per_second]
+    back = next((k for k in range(len(ok)) if all(ok[k:])), None)
+    mem = {}
+    for name, lo, hi in (("before", 0, base_seconds), ("burst", base_seconds, end)):
+        rss = [m["vmrss_mib"] for m in memory if lo <= m["t"] < hi and "vmrss_mib" in m]
+        mem[name] = {"min": min(rss), "max": max(rss)} if rss else None
+    rss_after = [m["vmrss_mib"] for m in memory if m["t"] >= end and "vmrss_mib" in m]
+    mem["after"] = {"min": min(rss_after), "max": max(rss_after)} if rss_after else None
+    burst_codes = summary[1]["codes"]
+    return {
+        "phases": summary,
+        "burst_codes": burst_codes,
+        "unexpected_codes": sorted(c for c in burst_codes if c not in ("200", "429", "504")),
+        "lost": sum(s["connection_errors"] for s in summary),
+        "mismatches": sum(s["mismatches"] for s in summary),
+        "p99_after_per_second_ms": per_second,
+        "p99_back_within_1_5x_after_s": back,
+        "memory_mib": mem,
+    }
+
+
+async def main_async(args: argparse.Namespace, pid: int | None) -> dict:
+    pool = read_pool(args.texts, args.pool, join=args.join)
     limits = httpx.Limits(max_connections=args.max_connections)
     async with httpx.AsyncClient(timeout=args.timeout, limits=limits) as client:
         refs = await references(client, args.url, pool)
+        if args.burst:
+            base = args.rates[0]
+            phases = [(base, args.duration), (args.burst, args.burst_seconds)]
+            phases.append((base, args.duration))
+            with MemorySampler(pid) as mem:
+                records = await run_phases(client, args.url, pool, refs, phases, args.min_cosine, 0)
+            report = burst_report(records, phases, mem.samples)
+            return {"url": args.url, "label": args.label, "pool": len(pool), "burst": report}
         rows = []
         for i, rate in enumerate(args.rates):
             rows.append(
@@ -165,19 +281,35 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--max-connections", type=int, default=512)
     p.add_argument("--serve", default=None, help="command that starts the server")
+    p.add_argument("--join", type=int, default=1, help="texts joined into one input (longer)")
+    p.add_argument(
+        "--burst",
+        type=float,
+        default=0.0,
+        help="overload test: the first --rates for --duration s, this rate for --burst-seconds, "
+        "the first rate again; reports codes, lost, p99 recovery and server memory",
+    )
+    p.add_argument("--burst-seconds", type=float, default=60.0)
+    p.add_argument("--server-pid", type=int, default=None, help="memory of this process")
     p.add_argument("--label", default="server")
     p.add_argument("--json", default=None)
     p.add_argument("--png", default=None)
     args = p.parse_args()
     args.rates = [float(r) for r in args.rates.split(",")]
     server = subprocess.Popen(shlex.split(args.serve)) if args.serve else None
+    pid = server.pid if server is not None else args.server_pid
     try:
         wait_ready(args.url)
-        record = asyncio.run(main_async(args))
+        record = asyncio.run(main_async(args, pid))
     finally:
         if server is not None:
             server.terminate()
             server.wait(60)
+    if args.json:
+        Path(args.json).write_text(json.dumps(record, indent=2))
+    if "burst" in record:
+        print_burst(record, args)
+        return
     rows = [
         [
             f"{r['offered_rps']:.0f}",
@@ -194,8 +326,6 @@ def main() -> None:
     )
     headers = ["offered/s", "ok/s", "p50 ms", "p90 ms", "p99 ms", "codes", "wrong", "conn err"]
     print(format_table(headers, rows))
-    if args.json:
-        Path(args.json).write_text(json.dumps(record, indent=2))
     if args.png:
         import matplotlib
 
@@ -212,6 +342,43 @@ def main() -> None:
         ax.legend()
         fig.tight_layout()
         fig.savefig(args.png, dpi=120)
+
+
+def print_burst(record: dict, args: argparse.Namespace) -> None:
+    b = record["burst"]
+    rows = [
+        [
+            name,
+            f"{s['offered_rps']:.0f}",
+            f"{s['throughput_rps']:.1f}",
+            *(f"{s[k]:.0f}" if s[k] is not None else None for k in ("p50_ms", "p99_ms")),
+            " ".join(f"{c}:{n}" for c, n in sorted(s["codes"].items())),
+            s["mismatches"],
+            s["connection_errors"],
+            (lambda m: f"{m['min']:.0f}-{m['max']:.0f}" if m else None)(b["memory_mib"][key]),
+        ]
+        for name, key, s in zip(
+            ("before", "burst", "after"), ("before", "burst", "after"), b["phases"], strict=True
+        )
+    ]
+    print(f"{args.label} at {args.url}: overload burst, {record['pool']} texts (join {args.join})")
+    headers = [
+        "phase",
+        "offered/s",
+        "ok/s",
+        "p50 ms",
+        "p99 ms",
+        "codes",
+        "wrong",
+        "lost",
+        "RSS MiB",
+    ]
+    print(format_table(headers, rows))
+    print(
+        f"unexpected codes during the burst: {b['unexpected_codes'] or 'none'}; lost {b['lost']}; "
+        f"mismatched {b['mismatches']}; p99 back within 1.5x of before after "
+        f"{b['p99_back_within_1_5x_after_s']} s"
+    )
 
 
 if __name__ == "__main__":

@@ -176,6 +176,23 @@ def test_queued_work_over_max_queue_ms_is_429_with_its_wait(tokenizer):
     r = TestClient(create_app(engine)).post("/embed", json={"inputs": "a"})
     assert r.status_code == 429 and r.headers["retry-after"] == "1"
     assert r.json()["error_type"] == "overloaded"
+    # the same check runs before any tokenizing, for the request's whole life
+    with pytest.raises(OverloadedError, match="of work queued"), engine.admitted():
+        pass
+    engine._tokens_per_s = 1e9  # a fast engine: the queue is no obstacle any more
+    with engine.admitted(), engine.admitted():  # two in flight
+        pass
+    small = Engine(
+        model, tokenizer, ServeConfig(instances=1, cores_per_instance=1, max_concurrent=1)
+    )
+    with (
+        small.admitted(),
+        pytest.raises(OverloadedError, match="1 requests in flight"),
+        small.admitted(),
+    ):
+        pass
+    with small.admitted():  # released when the first finished
+        pass
     # the same queue with the time limit off admits up to the count limit
     assert ServeConfig(max_queue_ms=0).max_queue_ms == 0
     with pytest.raises(squant.SquantError, match="max_queue_ms"):

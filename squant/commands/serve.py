@@ -32,6 +32,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-queue", type=positive_int, default=1024, help="sequences waiting")
     p.add_argument("--timeout", type=positive_float, default=30.0, help="seconds in the queue")
     p.add_argument(
+        "--max-concurrent",
+        type=positive_int,
+        default=512,
+        help="requests in flight (tokenizing, queued, running); beyond it 429 at once",
+    )
+    p.add_argument(
         "--max-queue-ms",
         type=float,
         default=2000.0,
@@ -82,6 +88,7 @@ def build_engine(args: argparse.Namespace) -> Engine:
         max_queue=args.max_queue,
         timeout_s=args.timeout,
         max_queue_ms=args.max_queue_ms,
+        max_concurrent=args.max_concurrent,
     )
     pooling, normalize = pooling_of(args.pooling_from or path)
     # Directories from `squant quantize` run eagerly: a squant.compile runner with dynamic

@@ -169,6 +169,16 @@ def create_app(engine: Engine, model_name: str = "squant", grace_s: float = 30.0
     async def _run(texts: list[Text], truncate: bool) -> tuple[list[torch.Tensor], int]:
         if not engine.ready:
             raise ApiError(503, "not ready" if not engine.draining else "draining", "unavailable")
+        try:
+            with engine.admitted():
+                return await _tokenize_and_run(texts, truncate)
+        except OverloadedError as e:
+            retry = str(max(1, math.ceil(e.retry_after_s)))
+            raise ApiError(429, str(e), "overloaded", {"Retry-After": retry}) from None
+
+    async def _tokenize_and_run(
+        texts: list[Text], truncate: bool
+    ) -> tuple[list[torch.Tensor], int]:
         t0 = time.perf_counter()
         try:
             encoded = await asyncio.to_thread(engine.tokenize, texts, truncate)
@@ -176,11 +186,7 @@ def create_app(engine: Engine, model_name: str = "squant", grace_s: float = 30.0
             raise ApiError(422, str(e), "validation") from None
         m["tokenize"].observe(time.perf_counter() - t0)
         tokens = sum(len(ids) for ids, _ in encoded)
-        try:
-            futures = engine.submit(encoded)
-        except OverloadedError as e:
-            retry = str(max(1, math.ceil(e.retry_after_s)))
-            raise ApiError(429, str(e), "overloaded", {"Retry-After": retry}) from None
+        futures = engine.submit(encoded)  # OverloadedError: the queue's own limits
         try:
             rows = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
         except DeadlineExceededError as e:

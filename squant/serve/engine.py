@@ -20,13 +20,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +63,9 @@ class ServeConfig:
     max_batch_tokens: int = 8192
     max_queue: int = 1024  # sequences waiting, all requests together
     max_inputs: int = 256  # texts in one request
+    # requests admitted and not yet answered (tokenizing, queued or running); beyond it a
+    # request is refused before any work is spent on it (TEI's max_concurrent_requests)
+    max_concurrent: int = 512
     timeout_s: float = 30.0  # deadline of a request in the queue
     # admission by time, not only by count: a request is refused (429) when the work already
     # queued would take longer than this to run at the measured speed. Under overload the
@@ -71,7 +75,8 @@ class ServeConfig:
     buckets: tuple[int, ...] = BUCKETS
 
     def __post_init__(self) -> None:
-        for name in ("max_batch_requests", "max_batch_tokens", "max_queue", "max_inputs"):
+        names = ("max_batch_requests", "max_batch_tokens", "max_queue", "max_inputs")
+        for name in (*names, "max_concurrent"):
             if getattr(self, name) < 1:
                 raise SquantError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.timeout_s > 0:
@@ -151,6 +156,7 @@ class Engine:
         self.stats = Stats()
         self._queue: deque[_Sequence] = deque()
         self._queued_tokens = 0  # padded tokens waiting (bucket widths)
+        self._in_flight = 0  # requests admitted and not yet answered
         self._tokens_per_s: float | None = None  # all workers together, moving average
         self._cond = threading.Condition()
         self._local = threading.local()
@@ -213,6 +219,29 @@ class Engine:
             self._queued_tokens += tokens
             self._cond.notify_all()
         return [s.future for s in seqs]
+
+    @contextlib.contextmanager
+    def admitted(self) -> Iterator[None]:
+        """Hold a request's admission for its whole life (tokenize, queue, run). Refused
+        (OverloadedError) before any work when max_concurrent requests are in flight or the
+        queued work already exceeds max_queue_ms: an overloaded server then spends nothing
+        on the requests it turns away, and nothing piles up outside the bounded queue."""
+        with self._cond:
+            if self.draining or self._stopping:
+                raise OverloadedError("the server is shutting down")
+            if self._in_flight >= self.config.max_concurrent:
+                raise OverloadedError(f"{self._in_flight} requests in flight")
+            wait_s, limit_s = self.queue_seconds(), self.config.max_queue_ms / 1e3
+            if limit_s and wait_s > limit_s:
+                raise OverloadedError(
+                    f"{wait_s:.1f} s of work queued (limit {limit_s:.1f} s)", retry_after_s=wait_s
+                )
+            self._in_flight += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._in_flight -= 1
 
     def queue_seconds(self) -> float:
         """Estimated time to run what is queued now, at the measured speed (0 before any)."""
