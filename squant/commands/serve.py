@@ -38,6 +38,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="requests in flight (tokenizing, queued, running); beyond it 429 at once",
     )
     p.add_argument(
+        "--malloc-arenas",
+        type=int,
+        default=1,
+        help="glibc malloc arenas (0: glibc's default); one keeps N workers near one's memory",
+    )
+    p.add_argument(
         "--max-queue-ms",
         type=float,
         default=2000.0,
@@ -89,6 +95,7 @@ def build_engine(args: argparse.Namespace) -> Engine:
         timeout_s=args.timeout,
         max_queue_ms=args.max_queue_ms,
         max_concurrent=args.max_concurrent,
+        malloc_arenas=args.malloc_arenas,
     )
     pooling, normalize = pooling_of(args.pooling_from or path)
     # Directories from `squant quantize` run eagerly: a squant.compile runner with dynamic

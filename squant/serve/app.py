@@ -82,6 +82,12 @@ def _metrics(registry: CollectorRegistry) -> dict[str, Any]:
             "squant_request_seconds", "time in the server per request", registry=registry
         ),
         "queue": Gauge("squant_queue_sequences", "sequences waiting", registry=registry),
+        "queue_s": Gauge(
+            "squant_queue_work_seconds", "estimated time to run the queue", registry=registry
+        ),
+        "in_flight": Gauge(
+            "squant_requests_in_flight", "admitted, not yet answered", registry=registry
+        ),
     }
 
 
@@ -275,6 +281,8 @@ def create_app(engine: Engine, model_name: str = "squant", grace_s: float = 30.0
     @app.get("/metrics")
     def metrics() -> PlainTextResponse:
         m["queue"].set(engine.queue_depth())
+        m["queue_s"].set(engine.queue_seconds())
+        m["in_flight"].set(engine.in_flight())
         s = engine.stats
         with s.lock:
             extra = (

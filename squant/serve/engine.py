@@ -72,6 +72,14 @@ class ServeConfig:
     # queue then stays short, so latency stays bounded and recovers at once when load falls
     # (a queue bounded only by count fills to timeout_s of waiting first). 0: off.
     max_queue_ms: float = 2000.0
+    # OS niceness of the inference threads (0: as the rest). Tried at 10 under a 3x burst
+    # (benchmarks/load.py --burst, 1 core): no better recovery, so off by default
+    worker_nice: int = 0
+    # glibc malloc arenas for the whole process (0: glibc's default, 8 per core). Each
+    # worker thread otherwise gets its own arena, and freed activation memory stays in it:
+    # MiniLM served 2x1 held 926 MiB RSS against 784 MiB for 1x1 (1.18x); with one arena
+    # 812 against 787 MiB (1.03x), the weights being shared either way.
+    malloc_arenas: int = 1
     buckets: tuple[int, ...] = BUCKETS
 
     def __post_init__(self) -> None:
@@ -107,6 +115,22 @@ class Stats:
         self.dropped_deadline = 0
         self.queue_seconds = 0.0
         self.inference_seconds = 0.0
+
+
+def limit_malloc_arenas(count: int) -> bool:
+    """Cap glibc's malloc arenas (mallopt M_ARENA_MAX; arenas made later obey it). False
+    where there is no glibc (musl, macOS): nothing to do there."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if not name:
+        return False
+    try:
+        libc = ctypes.CDLL(name)
+        return bool(libc.mallopt(-8, count))  # -8: M_ARENA_MAX in malloc.h
+    except (OSError, AttributeError):
+        return False
 
 
 def pooling_of(path: str | os.PathLike[str] | None) -> tuple[str, bool]:
@@ -243,6 +267,9 @@ class Engine:
             with self._cond:
                 self._in_flight -= 1
 
+    def in_flight(self) -> int:
+        return self._in_flight
+
     def queue_seconds(self) -> float:
         """Estimated time to run what is queued now, at the measured speed (0 before any)."""
         rate = self._tokens_per_s
@@ -332,6 +359,11 @@ class Engine:
         cores = self.placement.cores[index]
         if hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(threading.get_native_id(), cores)
+        if self.config.worker_nice and hasattr(os, "setpriority"):
+            # below the threads that admit, tokenize and answer: when requests arrive the
+            # front end gets the core at once, so even an overloaded server reads and refuses
+            # them promptly instead of leaving them in socket buffers behind the model
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.config.worker_nice)
         torch.set_num_threads(self.placement.cores_per_instance)
         while True:
             batch = self._take_batch()
@@ -347,6 +379,8 @@ class Engine:
 
     def start(self, warm: bool = True) -> None:
         """Start the workers (and warm every bucket at its largest batch first)."""
+        if self.config.malloc_arenas:
+            limit_malloc_arenas(self.config.malloc_arenas)
         if warm:
             torch.set_num_threads(self.placement.cores_per_instance)
             for width in self.buckets:
