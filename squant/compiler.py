@@ -64,10 +64,10 @@ class CompileConfig:
     min_cosine: float = 0.999
     kernel_profile: bool = False  # name inductor's kernels in profiler traces (hotspots)
     # inductor's C++ wrapper: the generated code calls the kernels from C++ (no Python
-    # between them) and releases the GIL for the call. Static distilbert bs1 seq256 on
-    # 2 AVX2 cores: 124.4 vs 132.2 ms; two threads on one model ran 1.9-2.1x one thread's
-    # rate against 1.4-1.8x with the Python wrapper; builds ~6 s longer
-    # (benchmarks/cpp_wrapper.py). Opt-in until it has been measured on more hosts.
+    # between them). Static distilbert bs1 seq256 on 2 AVX2 cores, three interleaved runs
+    # (benchmarks/cpp_wrapper.py): median 4-8% lower (119.2 vs 124.3 ms in the last), builds
+    # ~5 s longer; whether two threads on one model scale better was inconclusive on this
+    # shared host (2-vs-1-thread rate 1.15-2.06x with it, 1.42-1.86x without). Opt-in.
     cpp_wrapper: bool = False
 
     def __post_init__(self) -> None:
