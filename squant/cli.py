@@ -8,7 +8,7 @@ import os
 import sys
 from typing import NoReturn
 
-from .commands import analyze, bench, evaluate, export, quantize, serve, tune
+from .commands import analyze, bench, embed, evaluate, export, quantize, serve, tune
 from .errors import SquantError
 
 COMMANDS = {
@@ -19,6 +19,7 @@ COMMANDS = {
     "analyze": analyze,
     "bench": bench,
     "serve": serve,
+    "embed": embed,
 }
 
 

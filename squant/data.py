@@ -29,7 +29,7 @@ PAIR_FIELDS = (
 SINGLE_FIELDS = ("text", "sentence", "content", "document", "query")
 
 
-def _from_record(record: Any, where: str) -> Text:
+def text_from_record(record: Any, where: str) -> Text:
     if isinstance(record, str):
         return record
     if not isinstance(record, dict):
@@ -47,7 +47,7 @@ def _from_record(record: Any, where: str) -> Text:
 def _file_texts(path: Path) -> Iterator[Text]:
     if path.suffix == ".jsonl":
         for n, record in iter_jsonl(path, objects_only=False):
-            yield _from_record(record, f"{path}:{n}")
+            yield text_from_record(record, f"{path}:{n}")
         return
     with path.open(encoding="utf-8") as f:
         for line in f:

@@ -10,8 +10,6 @@ from ..errors import SquantError
 from .common import positive_float, positive_int
 
 if TYPE_CHECKING:
-    from torch import nn
-
     from ..serve.engine import Engine
 
 HELP = "serve a model over HTTP (TEI/OpenAI-compatible routes, dynamic batching)"
@@ -58,38 +56,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def build_engine(args: argparse.Namespace) -> Engine:
-    from ..bench.runner import plan
-    from ..export import MANIFEST, load_packaged
-    from ..models import load_model, load_tokenizer
-    from ..sentence_transformer import inner_model, is_sentence_transformer
-    from ..serialization import CONFIG_FILE, load
-    from ..serve.engine import Engine, ServeConfig, pooling_of
-    from ..shapes import PaddedShapes
+    from ..serve.engine import ServeConfig
+    from ..serve.loading import engine_for
 
-    path = Path(args.model)
-    if args.pooling_from is not None and not Path(args.pooling_from).is_dir():
-        raise SquantError(f"--pooling-from {args.pooling_from} is not a directory")
-    tokenizer = load_tokenizer(path)
-    max_batch = args.max_batch_requests
-    if (path / MANIFEST).is_file():
-        # a deploy directory: the AOTInductor package (no Python between kernels) at its
-        # exported batch (smaller batches are padded). Its Python binding holds the GIL for a
-        # whole call, so instances take turns: give one instance all the cores.
-        placement = plan(args.instances, args.cores_per_instance)
-        package = load_packaged(path, num_runners=placement.instances)
-        m = package.exported.manifest
-        buckets = None if m["dynamic_seq"] else (m["seq"],)
-        pad = int(getattr(tokenizer, "pad_token_id", 0) or 0)
-        model: nn.Module = PaddedShapes(package, m["batch"], buckets, pad, min_seq=2)
-        max_batch = min(max_batch, m["batch"])  # a bigger batch would run as serial chunks
-    else:
-        model = load(path) if (path / CONFIG_FILE).is_file() else load_model(path)
-        if is_sentence_transformer(model):  # pooling comes from its modules (pooling_of)
-            model = inner_model(model)
     config = ServeConfig(
         instances=args.instances,
         cores_per_instance=args.cores_per_instance,
-        max_batch_requests=max_batch,
+        max_batch_requests=args.max_batch_requests,
         max_batch_tokens=args.max_batch_tokens,
         max_queue=args.max_queue,
         timeout_s=args.timeout,
@@ -97,13 +70,7 @@ def build_engine(args: argparse.Namespace) -> Engine:
         max_concurrent=args.max_concurrent,
         malloc_arenas=args.malloc_arenas,
     )
-    pooling, normalize = pooling_of(args.pooling_from or path)
-    # Directories from `squant quantize` run eagerly: a squant.compile runner with dynamic
-    # shapes recompiled under threaded load here (dynamo guards on each thread's num_threads,
-    # and one "unexpected recompilation" under concurrency): 27.7 req/s, p99 2.7 s against
-    # 81.9 req/s, p99 177 ms eager (real MiniLM, 2x1 workers, 8 clients). For compiled speed,
-    # serve a deploy directory (`squant export --dynamic-seq --batch N`).
-    return Engine(model, tokenizer, config, pooling, normalize)
+    return engine_for(args.model, config, args.pooling_from)
 
 
 def _check_port_free(host: str, port: int) -> None:

@@ -1,0 +1,55 @@
+"""`squant embed`: a corpus to embeddings on disk (Parquet shards), resumable."""
+
+from __future__ import annotations
+
+import argparse
+
+from .common import positive_int
+
+HELP = "embed a corpus (one text per line / JSONL) into Parquet shards, resumable"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="directory from squant quantize / export, or a float checkpoint")
+    p.add_argument("input", help="texts: .txt (one per line) or .jsonl (a text field per line)")
+    p.add_argument("--out", required=True, help="directory of part-NNNNN.parquet shards")
+    p.add_argument("--shard-rows", type=positive_int, default=10_000)
+    p.add_argument("--instances", type=positive_int, default=None, help="default: cores / C")
+    p.add_argument("--cores-per-instance", type=positive_int, default=None)
+    p.add_argument("--max-batch-requests", type=positive_int, default=32)
+    p.add_argument("--max-batch-tokens", type=positive_int, default=8192)
+    norm = p.add_mutually_exclusive_group()
+    norm.add_argument("--normalize", dest="normalize", action="store_true", default=None)
+    norm.add_argument("--no-normalize", dest="normalize", action="store_false")
+    p.add_argument("--pooling-from", default=None, help="as for squant serve")
+
+
+def run(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from ..embed import embed_file
+    from ..serve.engine import ServeConfig
+    from ..serve.loading import engine_for
+
+    if not Path(args.input).is_file():  # before minutes of loading
+        from ..errors import SquantError
+
+        raise SquantError(f"input {args.input} does not exist")
+    config = ServeConfig(
+        instances=args.instances,
+        cores_per_instance=args.cores_per_instance,
+        max_batch_requests=args.max_batch_requests,
+        max_batch_tokens=args.max_batch_tokens,
+        max_queue=4096,
+        timeout_s=1e9,  # offline: nothing waits for an answer, nothing expires
+        max_queue_ms=0,
+    )
+    engine = engine_for(args.model, config, args.pooling_from)
+    engine.start(warm=False)
+    try:
+        report = embed_file(
+            engine, args.input, args.out, args.shard_rows, args.normalize, str(args.model)
+        )
+    finally:
+        engine.stop(1.0)
+    print(report.line())

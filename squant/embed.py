@@ -1,0 +1,200 @@
+"""`squant embed`: a corpus of texts to embeddings on disk, resumable, on the serving engine.
+
+    report = embed_file(engine, "corpus.jsonl", "embeddings/", shard_rows=10_000)
+
+Input: one text per line (.txt; an empty line is an empty text) or JSONL with a text field
+(as for calibration files); row i is the i-th line (.txt) or the i-th non-blank line (.jsonl).
+Output: a directory of Parquet shards, `part-00000.parquet`, ... each holding rows
+[k * shard_rows, (k + 1) * shard_rows) as columns `row` (int64) and `embedding`
+(float32 x dim), plus `embed.json` (model, input size, shard size, pooling).
+
+Never loses or duplicates a row: a shard is written to a temporary file and renamed into
+place only when complete, so after a crash every shard file present is whole; a rerun with
+the same arguments skips the shards already there and embeds the rest. A rerun with another
+input, model or shard size is refused instead of mixing results.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from .data import text_from_record
+from .errors import SquantError
+from .files import iter_jsonl
+from .serve.engine import Engine
+
+MANIFEST = "embed.json"
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class EmbedReport:
+    rows: int
+    dim: int
+    shards: int
+    skipped_shards: int  # already complete from an earlier run
+    seconds: float
+    out: Path
+
+    def line(self) -> str:
+        done = self.shards - self.skipped_shards
+        rate = f"; {self.rows / self.seconds:.1f} rows/s" if self.seconds and done else ""
+        return (
+            f"{self.rows} rows x {self.dim} -> {self.out} ({self.shards} shards, "
+            f"{self.skipped_shards} already there){rate}"
+        )
+
+
+def read_rows(path: Path) -> Iterator[str]:
+    """The texts of `path`, one per row, streamed (a corpus need not fit in memory)."""
+    if not path.is_file():
+        raise SquantError(f"input {path} does not exist")
+    try:
+        if path.suffix == ".jsonl":
+            for n, record in iter_jsonl(path, objects_only=False):
+                text = text_from_record(record, f"{path}:{n}")
+                if not isinstance(text, str):
+                    raise SquantError(f"{path}:{n}: a pair; squant embed takes single texts")
+                yield text
+        else:
+            with path.open(encoding="utf-8") as f:
+                for line in f:
+                    yield line.rstrip("\n")
+    except UnicodeDecodeError as e:
+        raise SquantError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
+def _chunks(rows: Iterator[str], size: int) -> Iterator[list[str]]:
+    chunk: list[str] = []
+    for text in rows:
+        chunk.append(text)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _check_manifest(out: Path, wanted: dict[str, Any]) -> None:
+    path = out / MANIFEST
+    if path.is_file():
+        try:
+            have = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise SquantError(f"{path} is unreadable ({e}); use a new --out") from None
+        differs = sorted(k for k in wanted if have.get(k) != wanted[k])
+        if differs:
+            raise SquantError(
+                f"{out} holds embeddings made with other {', '.join(differs)}; "
+                "use a new --out (nothing was changed)"
+            )
+    elif out.exists() and any(out.iterdir()):
+        raise SquantError(f"{out} is not empty and holds no {MANIFEST}; use a new --out")
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(wanted, indent=2))
+    os.replace(tmp, path)
+
+
+def _shard_complete(path: Path, rows: int) -> bool:
+    import pyarrow.parquet as pq
+
+    try:
+        return bool(pq.ParquetFile(path).metadata.num_rows == rows)
+    except Exception:  # a damaged file is redone, never trusted
+        return False
+
+
+def _write_shard(path: Path, first_row: int, vectors: torch.Tensor) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    n, dim = vectors.shape
+    flat = pa.array(vectors.float().numpy().reshape(-1))
+    table = pa.table(
+        {
+            "row": pa.array(range(first_row, first_row + n), type=pa.int64()),
+            "embedding": pa.FixedSizeListArray.from_arrays(flat, dim),
+        }
+    )
+    tmp = path.with_name(f".{path.name}.tmp")
+    pq.write_table(table, tmp)
+    os.replace(tmp, path)  # whole or absent: a crash never leaves half a shard
+
+
+def embed_file(
+    engine: Engine,
+    input_path: str | Path,
+    out: str | Path,
+    shard_rows: int = 10_000,
+    normalize: bool | None = None,
+    model_name: str = "",
+    progress: bool = True,
+) -> EmbedReport:
+    """Embed every row of `input_path` into Parquet shards under `out` (see the module
+    docstring); the engine must be started. normalize: None = the model's own setting."""
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        raise SquantError("squant embed writes Parquet: pip install 'squant[data]'") from None
+    if engine.task != "embed":
+        raise SquantError(f"this model serves /{engine.task}; squant embed needs a base model")
+    if shard_rows < 1:
+        raise SquantError(f"shard size must be >= 1, got {shard_rows}")
+    input_path, out = Path(input_path), Path(out)
+    if not input_path.is_file():
+        raise SquantError(f"input {input_path} does not exist")
+    normalize = engine.normalize_default if normalize is None else normalize
+    _check_manifest(
+        out,
+        {
+            "format_version": FORMAT_VERSION,
+            "input": str(input_path.resolve()),
+            "input_bytes": input_path.stat().st_size,
+            "model": model_name,
+            "shard_rows": shard_rows,
+            "pooling": engine.pooling,
+            "normalize": normalize,
+        },
+    )
+    t0 = time.perf_counter()
+    rows = shards = skipped = dim = 0
+    bar = tqdm(desc="embedding", unit="row", disable=not progress)
+    for k, texts in enumerate(_chunks(read_rows(input_path), shard_rows)):
+        path = out / f"part-{k:05d}.parquet"
+        shards += 1
+        if _shard_complete(path, len(texts)):
+            skipped += 1
+        else:
+            vectors = _embed(engine, texts)
+            if normalize:
+                vectors = torch.nn.functional.normalize(vectors, dim=-1)
+            _write_shard(path, k * shard_rows, vectors)
+            dim = int(vectors.shape[1])
+        rows += len(texts)
+        bar.update(len(texts))
+    bar.close()
+    if dim == 0 and shards:  # every shard was there already: read the width back
+        import pyarrow.parquet as pq
+
+        dim = int(pq.read_schema(out / "part-00000.parquet").field("embedding").type.list_size)
+    return EmbedReport(rows, dim, shards, skipped, time.perf_counter() - t0, out)
+
+
+def _embed(engine: Engine, texts: list[str]) -> torch.Tensor:
+    """Rows in order, through the engine's batching (at most its queue bound at a time)."""
+    out: list[torch.Tensor] = []
+    step = engine.config.max_queue
+    for i in range(0, len(texts), step):
+        futures = engine.submit(engine.tokenize(texts[i : i + step], truncate=True))
+        out += [f.result() for f in futures]
+    return torch.stack(out)

@@ -1,0 +1,110 @@
+"""`squant embed`: every row once, in order, resumable after a crash, refused on mismatch."""
+
+import pytest
+import torch
+
+pytest.importorskip("pyarrow")
+import pyarrow.parquet as pq
+
+import squant
+from squant.cli import main
+from squant.embed import embed_file
+from squant.serve.engine import ServeConfig
+from tests.helpers import tiny_model
+
+TEXTS = [
+    "the cat sat on the mat",
+    "",
+    "a dog runs fast in the park",
+    "red car",
+    "the man plays music and the woman is happy",
+] * 5  # 25 rows, an empty one among them
+
+
+@pytest.fixture(scope="module")
+def base_dir(tiny_checkpoint, tmp_path_factory):
+    """A tiny base model (it embeds), quantized and saved with the checkpoint's tokenizer."""
+    from squant.models import load_tokenizer
+
+    tok = load_tokenizer(tiny_checkpoint)
+    model = tiny_model("bert", vocab_size=len(tok))
+    calib = [tok(TEXTS[:4], padding=True, return_tensors="pt")]
+    q = squant.quantize(model, calibration=calib, progress=False)
+    path = tmp_path_factory.mktemp("embed") / "int8-base"
+    squant.save(q, path, tokenizer=tok)
+    return path
+
+
+@pytest.fixture(scope="module")
+def engine(base_dir):
+    from squant.serve.loading import engine_for
+
+    config = ServeConfig(instances=1, cores_per_instance=1, max_queue=8, max_queue_ms=0)
+    e = engine_for(base_dir, config)
+    e.start(warm=False)
+    yield e
+    e.stop(1.0)
+
+
+def _read(out):
+    parts = sorted(out.glob("part-*.parquet"))
+    rows, vectors = [], []
+    for p in parts:
+        t = pq.read_table(p).to_pydict()
+        rows += t["row"]
+        vectors += t["embedding"]
+    return parts, rows, torch.tensor(vectors)
+
+
+def test_every_row_once_in_order_and_equal_to_single_texts(engine, tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(TEXTS) + "\n")
+    report = embed_file(engine, corpus, tmp_path / "out", shard_rows=10, progress=False)
+    assert (report.rows, report.shards, report.skipped_shards) == (25, 3, 0)
+    parts, rows, vectors = _read(tmp_path / "out")
+    assert len(parts) == 3 and rows == list(range(25))
+    assert vectors.shape == (25, report.dim)
+    # each row is its own text's embedding (mean over real tokens), as if sent alone
+    for i in (0, 1, 13, 24):
+        enc = engine.tokenizer([TEXTS[i]], return_tensors="pt")
+        with torch.no_grad():
+            alone = engine.model(**enc).last_hidden_state.mean(1)[0]
+        torch.testing.assert_close(vectors[i], alone, rtol=1e-4, atol=1e-4)
+
+
+def test_a_rerun_after_a_crash_redoes_only_missing_or_damaged_shards(engine, tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(TEXTS) + "\n")
+    out = tmp_path / "out"
+    embed_file(engine, corpus, out, shard_rows=10, progress=False)
+    _, rows0, vectors0 = _read(out)
+    (out / "part-00001.parquet").unlink()  # never written
+    (out / "part-00002.parquet").write_bytes(b"PAR1 half a file")  # damaged
+    report = embed_file(engine, corpus, out, shard_rows=10, progress=False)
+    assert (report.shards, report.skipped_shards) == (3, 1)
+    _, rows1, vectors1 = _read(out)
+    assert rows1 == rows0
+    torch.testing.assert_close(vectors1, vectors0, rtol=0, atol=0)
+    assert not list(out.glob(".*.tmp"))
+    # other settings into the same directory: refused, nothing touched
+    with pytest.raises(squant.SquantError, match="other shard_rows"):
+        embed_file(engine, corpus, out, shard_rows=7, progress=False)
+    assert len(list(out.glob("part-*.parquet"))) == 3
+
+
+def test_embed_command(base_dir, tiny_checkpoint, tmp_path, capsys):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("\n".join(f'{{"text": "{t}"}}' for t in TEXTS[:7]) + "\n")
+    out = tmp_path / "out"
+    args = ["embed", str(base_dir), str(corpus), "--out", str(out), "--shard-rows", "4"]
+    assert main([*args, "--normalize"]) == 0
+    assert "7 rows" in capsys.readouterr().out
+    _, rows, vectors = _read(out)
+    assert rows == list(range(7))
+    torch.testing.assert_close(vectors.norm(dim=1), torch.ones(7))
+    code = main(["embed", str(base_dir), str(tmp_path / "none.txt"), "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("squant embed: error:") and "does not exist" in err
+    code = main(["embed", str(tiny_checkpoint), str(corpus), "--out", str(tmp_path / "o2")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "needs a base model" in err
