@@ -297,3 +297,27 @@ def test_malloc_arenas_are_capped_on_glibc():
     if platform.libc_ver()[0] != "glibc":
         pytest.skip("mallopt(M_ARENA_MAX) is glibc's")
     assert limit_malloc_arenas(8) is True  # glibc's own default scale: harmless to the suite
+
+
+def test_a_float_checkpoint_is_quantized_at_start_up_with_calib(
+    tiny_checkpoint, calib_jsonl, deploy_dir, tmp_path
+):
+    import argparse
+
+    from squant.commands.serve import add_arguments, build_engine
+    from squant.qlinear import QuantLinear
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    layout = ["--instances", "1", "--cores-per-instance", "1"]
+    args = parser.parse_args([str(tiny_checkpoint), *layout, "--calib", str(calib_jsonl)])
+    engine = build_engine(args)
+    assert any(isinstance(m, QuantLinear) for m in engine.model.modules())
+    assert engine.quantize_report is not None and engine.quantize_report.linears > 0
+    assert engine.task == "predict"
+    plain = build_engine(parser.parse_args([str(tiny_checkpoint), *layout]))
+    assert not any(isinstance(m, QuantLinear) for m in plain.model.modules())  # FP32
+    quantized, _ = deploy_dir
+    args = parser.parse_args([str(quantized), *layout, "--calib", str(calib_jsonl)])
+    with pytest.raises(squant.SquantError, match="already quantized"):
+        build_engine(args)

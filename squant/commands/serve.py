@@ -48,6 +48,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="refuse (429) while the queued work would take longer than this to run (0: off)",
     )
     p.add_argument(
+        "--calib",
+        default=None,
+        help="MODEL is a float checkpoint: quantize it at start-up (static INT8) on these texts "
+        "(.txt / .jsonl / .tsv); without it a float checkpoint is served in FP32",
+    )
+    p.add_argument(
         "--pooling-from",
         default=None,
         help="a sentence-transformers directory whose pooling/normalize config to use "
@@ -70,7 +76,7 @@ def build_engine(args: argparse.Namespace) -> Engine:
         max_concurrent=args.max_concurrent,
         malloc_arenas=args.malloc_arenas,
     )
-    return engine_for(args.model, config, args.pooling_from)
+    return engine_for(args.model, config, args.pooling_from, args.calib)
 
 
 def _check_port_free(host: str, port: int) -> None:
@@ -94,6 +100,8 @@ def run(args: argparse.Namespace) -> None:
         ) from None
     _check_port_free(args.host, args.port)  # before minutes of loading and warm-up
     engine = build_engine(args)
+    if engine.quantize_report is not None:
+        print("\n".join(engine.quantize_report.lines()))
     print(
         f"warming {len(engine.buckets)} shapes (buckets {list(engine.buckets)}) on "
         f"{engine.placement.instances} instance(s) x {engine.placement.cores_per_instance} core(s)"

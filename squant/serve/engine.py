@@ -188,6 +188,7 @@ class Engine:
         self._stopping = False
         self.ready = False
         self.draining = False
+        self.quantize_report: Any = None  # set when the model was quantized at start-up
         # a base model embeds; one with a head predicts (packaged models state their class)
         cls = getattr(model, "model_class", type(model).__name__)
         self.task = "embed" if cls.endswith("Model") else "predict"

@@ -15,9 +15,14 @@ from .engine import Engine, ServeConfig, pooling_of
 
 
 def engine_for(
-    path: str | Path, config: ServeConfig, pooling_from: str | Path | None = None
+    path: str | Path,
+    config: ServeConfig,
+    pooling_from: str | Path | None = None,
+    calib: str | Path | None = None,
 ) -> Engine:
-    """An Engine (not started) for the model directory at `path`."""
+    """An Engine (not started) for the model directory at `path`. calib: texts to quantize a
+    float checkpoint with at start-up (static INT8, squant's defaults; the report is kept as
+    engine.quantize_report); without it a float checkpoint is served in FP32."""
     from ..bench.runner import plan
     from ..export import MANIFEST, load_packaged
     from ..models import load_model, load_tokenizer
@@ -29,6 +34,10 @@ def engine_for(
     if pooling_from is not None and not Path(pooling_from).is_dir():
         raise SquantError(f"--pooling-from {pooling_from} is not a directory")
     tokenizer = load_tokenizer(path)
+    already = (path / MANIFEST).is_file() or (path / CONFIG_FILE).is_file()
+    if calib is not None and already:
+        raise SquantError(f"{path} is already quantized; --calib is for float checkpoints")
+    report = None
     if (path / MANIFEST).is_file():
         # a deploy directory: the AOTInductor package (no Python between kernels) at its
         # exported batch (smaller batches are padded). Its Python binding holds the GIL for a
@@ -42,6 +51,11 @@ def engine_for(
         # a bigger batch would run as serial chunks
         batch = min(config.max_batch_requests, int(m["batch"]))
         config = dataclasses.replace(config, max_batch_requests=batch)
+    elif calib is not None:
+        from ..pipeline import quantize_checkpoint
+
+        quantized = quantize_checkpoint(path, calib)
+        model, report = quantized.encoder, quantized.report
     else:
         model = load(path) if (path / CONFIG_FILE).is_file() else load_model(path)
         if is_sentence_transformer(model):  # pooling comes from its modules (pooling_of)
@@ -52,4 +66,6 @@ def engine_for(
     # and one "unexpected recompilation" under concurrency): 27.7 req/s, p99 2.7 s against
     # 81.9 req/s, p99 177 ms eager (real MiniLM, 2x1 workers, 8 clients). For compiled speed,
     # serve a deploy directory (`squant export --dynamic-seq --batch N`).
-    return Engine(model, tokenizer, config, pooling, normalize)
+    engine = Engine(model, tokenizer, config, pooling, normalize)
+    engine.quantize_report = report
+    return engine
