@@ -1,0 +1,69 @@
+"""The package's import graph: no module imports one that (directly or not) imports it back
+at module level, so every module can be imported on its own and in any order."""
+
+import ast
+from pathlib import Path
+
+import squant
+
+ROOT = Path(squant.__file__).parent
+
+
+def _module_graph() -> dict[str, set[str]]:
+    modules = {}
+    for path in ROOT.rglob("*.py"):
+        parts = ("squant", *path.relative_to(ROOT).with_suffix("").parts)
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        modules[name] = path
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        for node in ast.parse(path.read_text()).body:  # module level only
+            targets: list[str] = []
+            if isinstance(node, ast.ImportFrom):
+                base = package.split(".")
+                if node.level:
+                    base = base[: len(base) - (node.level - 1)]
+                    origin = ".".join([*base, *([node.module] if node.module else [])])
+                else:
+                    origin = node.module or ""
+                targets = [f"{origin}.{a.name}" for a in node.names] + [origin]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            for t in targets:
+                if t in modules and t != name:
+                    graph[name].add(t)
+                    break
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of the graph (as a path back to its start), or None."""
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state and (found := visit(nxt, [*path, nxt])):
+                return found
+        state[node] = 2
+        return None
+
+    for module in sorted(graph):
+        if module not in state and (found := visit(module, [module])):
+            return found
+    return None
+
+
+def test_no_import_cycles():
+    graph = _module_graph()
+    assert len(graph) > 40  # the walk found the package
+    assert "squant.quantize" in graph["squant.serialization"]  # and reads relative imports
+    assert find_cycle(graph) is None
+
+
+def test_the_cycle_check_finds_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
