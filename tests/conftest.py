@@ -55,3 +55,19 @@ def deploy_dir(tiny_checkpoint, calib_jsonl, tmp_path_factory):
     export = ["export", str(quantized), "--out", str(deploy), "--batch", "2", "--dynamic-seq"]
     assert main([*export, "--float-dtype", "fp32"]) == 0
     return quantized, deploy
+
+
+@pytest.fixture(scope="session")
+def base_dir(tiny_checkpoint, tmp_path_factory):
+    """A tiny base model (it embeds), quantized and saved with the checkpoint's tokenizer."""
+    import squant
+    from squant.models import load_tokenizer
+
+    tok = load_tokenizer(tiny_checkpoint)
+    model = tiny_model("bert", vocab_size=len(tok))
+    texts = ["the cat sat on the mat", "a dog runs fast in the park", "red car", ""]
+    calib = [tok(texts, padding=True, return_tensors="pt")]
+    q = squant.quantize(model, calibration=calib, progress=False)
+    path = tmp_path_factory.mktemp("embed") / "int8-base"
+    squant.save(q, path, tokenizer=tok)
+    return path

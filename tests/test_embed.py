@@ -10,7 +10,6 @@ import squant
 from squant.cli import main
 from squant.embed import embed_file
 from squant.serve.engine import ServeConfig
-from tests.helpers import tiny_model
 
 TEXTS = [
     "the cat sat on the mat",
@@ -19,20 +18,6 @@ TEXTS = [
     "red car",
     "the man plays music and the woman is happy",
 ] * 5  # 25 rows, an empty one among them
-
-
-@pytest.fixture(scope="module")
-def base_dir(tiny_checkpoint, tmp_path_factory):
-    """A tiny base model (it embeds), quantized and saved with the checkpoint's tokenizer."""
-    from squant.models import load_tokenizer
-
-    tok = load_tokenizer(tiny_checkpoint)
-    model = tiny_model("bert", vocab_size=len(tok))
-    calib = [tok(TEXTS[:4], padding=True, return_tensors="pt")]
-    q = squant.quantize(model, calibration=calib, progress=False)
-    path = tmp_path_factory.mktemp("embed") / "int8-base"
-    squant.save(q, path, tokenizer=tok)
-    return path
 
 
 @pytest.fixture(scope="module")

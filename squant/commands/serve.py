@@ -10,7 +10,7 @@ from ..errors import SquantError
 from .common import positive_float, positive_int
 
 if TYPE_CHECKING:
-    from ..serve.engine import Engine
+    from ..serve.engine import Engine, ServeConfig
 
 HELP = "serve a model over HTTP (TEI/OpenAI-compatible routes, dynamic batching)"
 
@@ -48,6 +48,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="refuse (429) while the queued work would take longer than this to run (0: off)",
     )
     p.add_argument(
+        "--ray",
+        action="store_true",
+        help="serve as a Ray Serve application (extra squant[ray]): --replicas servers, each "
+        "pinned to its own cores of its node",
+    )
+    p.add_argument("--replicas", type=positive_int, default=1, help="with --ray")
+    p.add_argument(
+        "--cores-per-replica",
+        type=positive_int,
+        default=None,
+        help="with --ray; default: this machine's cores / replicas",
+    )
+    p.add_argument("--ray-address", default=None, help="an existing cluster (default: local)")
+    p.add_argument(
+        "--max-queued-requests",
+        type=positive_int,
+        default=1024,
+        help="with --ray: requests Ray's proxy queues before answering 503",
+    )
+    p.add_argument(
         "--calib",
         default=None,
         help="MODEL is a float checkpoint: quantize it at start-up (static INT8) on these texts "
@@ -62,10 +82,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def build_engine(args: argparse.Namespace) -> Engine:
-    from ..serve.engine import ServeConfig
     from ..serve.loading import engine_for
 
-    config = ServeConfig(
+    return engine_for(args.model, serve_config(args), args.pooling_from, args.calib)
+
+
+def serve_config(args: argparse.Namespace) -> ServeConfig:
+    from ..serve.engine import ServeConfig
+
+    return ServeConfig(
         instances=args.instances,
         cores_per_instance=args.cores_per_instance,
         max_batch_requests=args.max_batch_requests,
@@ -76,7 +101,6 @@ def build_engine(args: argparse.Namespace) -> Engine:
         max_concurrent=args.max_concurrent,
         malloc_arenas=args.malloc_arenas,
     )
-    return engine_for(args.model, config, args.pooling_from, args.calib)
 
 
 def _check_port_free(host: str, port: int) -> None:
@@ -99,6 +123,9 @@ def run(args: argparse.Namespace) -> None:
             f"squant serve needs the serve extra: pip install 'squant[serve]' ({e})"
         ) from None
     _check_port_free(args.host, args.port)  # before minutes of loading and warm-up
+    if args.ray:
+        _run_ray(args)
+        return
     engine = build_engine(args)
     if engine.quantize_report is not None:
         print("\n".join(engine.quantize_report.lines()))
@@ -108,3 +135,29 @@ def run(args: argparse.Namespace) -> None:
     )
     engine.start()
     uvicorn.run(create_app(engine, Path(args.model).name), host=args.host, port=args.port)
+
+
+def _run_ray(args: argparse.Namespace) -> None:
+    import os
+
+    from ..serve.ray_app import application
+
+    if not Path(args.model).is_dir():
+        raise SquantError(f"{args.model} is not a directory")
+    cores = args.cores_per_replica or max(1, (os.cpu_count() or 1) // args.replicas)
+    app = application(
+        args.model,
+        serve_config(args),
+        args.replicas,
+        cores,
+        args.pooling_from,
+        args.calib,
+        args.max_queued_requests,
+    )
+    import ray
+    from ray import serve
+
+    ray.init(address=args.ray_address)
+    serve.start(http_options={"host": args.host, "port": args.port})
+    print(f"{args.replicas} replica(s) x {cores} core(s) on Ray; http://{args.host}:{args.port}")
+    serve.run(app, blocking=True)

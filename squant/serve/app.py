@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import os
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -265,6 +266,7 @@ def create_app(engine: Engine, model_name: str = "squant", grace_s: float = 30.0
         cfg = hf_config(engine.model)
         return {
             "model": model_name,
+            "pid": os.getpid(),  # which process (replica) answered
             "model_class": type(engine.model).__name__,
             "task": engine.task,
             "max_input_length": engine.max_length,

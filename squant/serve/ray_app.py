@@ -1,0 +1,71 @@
+"""`squant serve --ray`: the same HTTP app as a Ray Serve deployment (optional extra
+`squant[ray]`; the only module that imports Ray).
+
+Each replica builds its own engine from the model directory and pins itself to its share of
+its node's cores (Ray schedules by CPU count but does not pin: replica k of a node takes
+cores [k*C, (k+1)*C) of the cores the node gives Ray), then runs squant's workers inside, as
+`squant serve` does on one machine. Ray's proxy routes requests and applies back pressure
+(`max_queued_requests`: beyond it Ray answers 503); each replica's own admission still
+answers 429 with Retry-After when its queue holds more than max_queue_ms of work.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from ..errors import SquantError
+from .engine import ServeConfig
+
+
+def replica_cores(local_rank: int, cores_per_replica: int) -> list[int]:
+    """The cores replica `local_rank` of this node owns."""
+    available = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    start = local_rank * cores_per_replica
+    if start + cores_per_replica > len(available):
+        raise SquantError(
+            f"replica {local_rank} needs cores {start}..{start + cores_per_replica - 1} but this "
+            f"node gives {len(available)}: fewer replicas per node or fewer cores each"
+        )
+    return available[start : start + cores_per_replica]
+
+
+def application(
+    model: str | Path,
+    config: ServeConfig,
+    replicas: int,
+    cores_per_replica: int,
+    pooling_from: str | Path | None = None,
+    calib: str | Path | None = None,
+    max_queued_requests: int = 1024,
+) -> Any:
+    """A Ray Serve application (pass it to serve.run) of `replicas` squant servers."""
+    try:
+        from ray import serve
+    except ImportError:
+        raise SquantError("--ray needs the ray extra: pip install 'squant[ray]'") from None
+    model = str(Path(model).resolve())
+    name = Path(model).name
+
+    def build_app() -> Any:  # runs inside each replica
+        from .app import create_app
+        from .loading import engine_for
+
+        rank = serve.get_replica_context().rank
+        local_rank = int(getattr(rank, "local_rank", rank))
+        if hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, replica_cores(local_rank, cores_per_replica))
+        # the replica's cores are now all this process sees: the placement splits them
+        engine = engine_for(model, config, pooling_from, calib)
+        engine.start()
+        return create_app(engine, name)
+
+    deployment = serve.deployment(
+        serve.ingress(build_app)(),
+        name="squant",
+        num_replicas=replicas,
+        ray_actor_options={"num_cpus": cores_per_replica},
+        max_queued_requests=max_queued_requests,
+    )
+    return deployment.bind()

@@ -1,0 +1,61 @@
+"""`squant serve --ray`: two Ray Serve replicas on this machine, one core each, both answer
+and agree (slow: starts a local Ray instance; skipped without the ray extra)."""
+
+import socket
+import time
+
+import pytest
+
+pytest.importorskip("ray")
+pytest.importorskip("httpx")
+
+import httpx
+import ray
+
+from squant.serve.engine import ServeConfig
+from squant.serve.ray_app import application, replica_cores
+
+
+def test_replica_cores_split_the_node():
+    import os
+
+    available = sorted(os.sched_getaffinity(0))
+    assert replica_cores(0, 1) == available[:1]
+    with pytest.raises(Exception, match="fewer replicas per node"):
+        replica_cores(len(available), 1)
+
+
+@pytest.mark.slow
+def test_two_replicas_answer_and_agree(base_dir):
+    from ray import serve
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        config = ServeConfig(instances=1, cores_per_instance=1)
+        serve.run(application(base_dir, config, replicas=2, cores_per_replica=1))
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 120
+        while httpx.get(f"{url}/ready", timeout=5).status_code != 200:
+            assert time.time() < deadline, "replicas never became ready"
+            time.sleep(1)
+        pids, vectors = set(), []
+        for _ in range(60):
+            pids.add(httpx.get(f"{url}/info", timeout=10).json()["pid"])
+            r = httpx.post(f"{url}/embed", json={"inputs": "the cat sat on the mat"}, timeout=30)
+            assert r.status_code == 200
+            vectors.append(r.json()[0])
+            if len(pids) == 2 and len(vectors) >= 10:
+                break
+        assert len(pids) == 2, f"only {pids} answered"
+        first = vectors[0]
+        for v in vectors[1:]:  # whichever replica answered: the same embedding
+            dot = sum(a * b for a, b in zip(first, v, strict=True))
+            norm = (sum(a * a for a in first) * sum(b * b for b in v)) ** 0.5
+            assert dot / norm > 0.9999
+    finally:
+        serve.shutdown()
+        ray.shutdown()
