@@ -216,6 +216,26 @@ def test_ready_health_info_metrics(tokenizer, embedder):
     assert "squant_padded_tokens_total" in text and engine.stats.sequences >= 2
 
 
+def test_health_fails_when_a_worker_has_died(tokenizer):
+    import time
+
+    def fatal(**_inputs):
+        raise SystemExit  # not an Exception: it ends the worker thread, as a crash would
+
+    model = tiny_model("bert", vocab_size=len(tokenizer))
+    engine = Engine(model, tokenizer, ServeConfig(instances=1, cores_per_instance=1), runner=fatal)
+    engine.start(warm=False)
+    client = TestClient(create_app(engine))
+    assert engine.healthy() and client.get("/health").status_code == 200
+    engine.submit(engine.tokenize(["a"]))
+    deadline = time.time() + 10
+    while engine.healthy() and time.time() < deadline:
+        time.sleep(0.05)
+    assert not engine.healthy()
+    r = client.get("/health")
+    assert r.status_code == 503 and r.json()["status"] == "workers stopped"
+
+
 @pytest.mark.slow  # ~35 s; the CLI serves eager models and packages, not this runner
 def test_compiled_runner_serves_every_bucket(tokenizer):
     """One squant.compile graph with dynamic shapes serves all buckets and batch sizes."""

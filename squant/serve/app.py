@@ -253,8 +253,11 @@ def create_app(engine: Engine, model_name: str = "squant", grace_s: float = 30.0
         return [ids for ids, _ in encoded]
 
     @app.get("/health")
-    def health() -> dict[str, str]:
-        return {"status": "ok"}
+    def health() -> JSONResponse:
+        # alive = the process answers and its inference workers run (before start, while
+        # warming, the process is alive: /ready says whether it serves yet)
+        ok = engine.healthy() or not engine.ready
+        return JSONResponse({"status": "ok" if ok else "workers stopped"}, 200 if ok else 503)
 
     @app.get("/ready")
     def ready() -> JSONResponse:

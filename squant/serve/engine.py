@@ -268,6 +268,11 @@ class Engine:
             with self._cond:
                 self._in_flight -= 1
 
+    def healthy(self) -> bool:
+        """Every worker thread started is still running (False once one has died, or after
+        stop): what /health and Ray's replica health check report."""
+        return bool(self._workers) and all(t.is_alive() for t in self._workers)
+
     def in_flight(self) -> int:
         return self._in_flight
 

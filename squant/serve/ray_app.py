@@ -18,6 +18,8 @@ from typing import Any
 from ..errors import SquantError
 from .engine import ServeConfig
 
+_REPLICA_ENGINE: list[Any] = []  # set inside each replica process by its app builder
+
 
 def replica_cores(local_rank: int, cores_per_replica: int) -> list[int]:
     """The cores replica `local_rank` of this node owns."""
@@ -59,10 +61,18 @@ def application(
         # the replica's cores are now all this process sees: the placement splits them
         engine = engine_for(model, config, pooling_from, calib)
         engine.start()
+        _REPLICA_ENGINE.append(engine)  # this replica process's engine, for check_health
         return create_app(engine, name)
 
+    @serve.ingress(build_app)
+    class SquantReplica:
+        def check_health(self) -> None:
+            """Ray restarts a replica whose check raises: one whose workers have died."""
+            if _REPLICA_ENGINE and not _REPLICA_ENGINE[-1].healthy():
+                raise RuntimeError("squant engine workers stopped")
+
     deployment = serve.deployment(
-        serve.ingress(build_app)(),
+        SquantReplica,
         name="squant",
         num_replicas=replicas,
         ray_actor_options={"num_cpus": cores_per_replica},
