@@ -229,21 +229,25 @@ class Engine:
         ]
         tokens = sum(s.bucket for s in seqs)
         with self._cond:
-            if self.draining or self._stopping:
-                raise OverloadedError("the server is shutting down")
+            self._refuse_if_busy()
             if len(self._queue) + len(seqs) > self.config.max_queue:
                 raise OverloadedError(f"queue full ({len(self._queue)} sequences waiting)")
-            wait_s = self.queue_seconds()
-            limit_s = self.config.max_queue_ms / 1e3
-            # the check counts only work already queued, so an idle server admits anything
-            if limit_s and wait_s > limit_s:
-                raise OverloadedError(
-                    f"{wait_s:.1f} s of work queued (limit {limit_s:.1f} s)", retry_after_s=wait_s
-                )
             self._queue.extend(seqs)
             self._queued_tokens += tokens
             self._cond.notify_all()
         return [s.future for s in seqs]
+
+    def _refuse_if_busy(self) -> None:
+        """OverloadedError when shutting down or when the queued work exceeds max_queue_ms
+        (caller holds the lock). Only work already queued counts: an idle server admits
+        anything."""
+        if self.draining or self._stopping:
+            raise OverloadedError("the server is shutting down")
+        wait_s, limit_s = self.queue_seconds(), self.config.max_queue_ms / 1e3
+        if limit_s and wait_s > limit_s:
+            raise OverloadedError(
+                f"{wait_s:.1f} s of work queued (limit {limit_s:.1f} s)", retry_after_s=wait_s
+            )
 
     @contextlib.contextmanager
     def admitted(self) -> Iterator[None]:
@@ -252,15 +256,9 @@ class Engine:
         queued work already exceeds max_queue_ms: an overloaded server then spends nothing
         on the requests it turns away, and nothing piles up outside the bounded queue."""
         with self._cond:
-            if self.draining or self._stopping:
-                raise OverloadedError("the server is shutting down")
+            self._refuse_if_busy()
             if self._in_flight >= self.config.max_concurrent:
                 raise OverloadedError(f"{self._in_flight} requests in flight")
-            wait_s, limit_s = self.queue_seconds(), self.config.max_queue_ms / 1e3
-            if limit_s and wait_s > limit_s:
-                raise OverloadedError(
-                    f"{wait_s:.1f} s of work queued (limit {limit_s:.1f} s)", retry_after_s=wait_s
-                )
             self._in_flight += 1
         try:
             yield
