@@ -72,9 +72,6 @@ class ServeConfig:
     # queue then stays short, so latency stays bounded and recovers at once when load falls
     # (a queue bounded only by count fills to timeout_s of waiting first). 0: off.
     max_queue_ms: float = 2000.0
-    # OS niceness of the inference threads (0: as the rest). Tried at 10 under a 3x burst
-    # (benchmarks/load.py --burst, 1 core): no better recovery, so off by default
-    worker_nice: int = 0
     # glibc malloc arenas for the whole process (0: glibc's default, 8 per core). Each
     # worker thread otherwise gets its own arena, and freed activation memory stays in it:
     # MiniLM served 2x1 held 926 MiB RSS against 784 MiB for 1x1 (1.18x); with one arena
@@ -363,11 +360,6 @@ class Engine:
         cores = self.placement.cores[index]
         if hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(threading.get_native_id(), cores)
-        if self.config.worker_nice and hasattr(os, "setpriority"):
-            # below the threads that admit, tokenize and answer: when requests arrive the
-            # front end gets the core at once, so even an overloaded server reads and refuses
-            # them promptly instead of leaving them in socket buffers behind the model
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.config.worker_nice)
         torch.set_num_threads(self.placement.cores_per_instance)
         while True:
             batch = self._take_batch()
