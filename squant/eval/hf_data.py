@@ -29,15 +29,21 @@ DEFAULT_SPLIT = {
 SAVED_MARKERS = ("dataset_dict.json", "dataset_info.json", "state.json")
 
 
+def _name_and_split(spec: str | Path) -> tuple[str, str]:
+    """("glue/mnli", "validation_mismatched") from "glue/mnli:validation_mismatched"; the
+    split is what follows the last colon ("" when there is none)."""
+    name, _, split = str(spec).rpartition(":")
+    return (name, split) if name else (split, "")
+
+
 def is_dataset(spec: str | Path) -> bool:
     """A saved datasets directory, or (when no such file or directory exists) a Hub id."""
-    path = Path(str(spec).rsplit(":", 1)[0])
-    if path.is_dir():
-        return any((path / m).is_file() for m in SAVED_MARKERS)
+    name, _ = _name_and_split(spec)
+    if Path(name).is_dir():
+        return any((Path(name) / m).is_file() for m in SAVED_MARKERS)
     text = str(spec)
     if Path(text).exists() or text.endswith((".json", ".jsonl", ".tsv", ".csv", ".txt")):
         return False
-    name = text.rsplit(":", 1)[0]
     parts = name.split("/")
     return 1 <= len(parts) <= 3 and all(p and not p.startswith(".") for p in parts)
 
@@ -68,7 +74,7 @@ def _load(spec: str, task: str) -> Any:
             f"{spec} is not a file; reading Hugging Face datasets needs the extra: "
             "pip install 'squant[data]'"
         ) from None
-    name, _, split = spec.partition(":")
+    name, split = _name_and_split(spec)
     split = split or DEFAULT_SPLIT.get(task, "validation")
     try:
         if Path(name).is_dir():
