@@ -197,6 +197,8 @@ def test_queued_work_over_max_queue_ms_is_429_with_its_wait(tokenizer):
     assert ServeConfig(max_queue_ms=0).max_queue_ms == 0
     with pytest.raises(squant.SquantError, match="max_queue_ms"):
         ServeConfig(max_queue_ms=-1)
+    with pytest.raises(squant.SquantError, match="malloc_arenas"):
+        ServeConfig(malloc_arenas=-1)
 
 
 def test_ready_health_info_metrics(tokenizer, embedder):

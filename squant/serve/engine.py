@@ -88,6 +88,8 @@ class ServeConfig:
             raise SquantError(f"timeout_s must be > 0, got {self.timeout_s}")
         if self.max_queue_ms < 0:
             raise SquantError(f"max_queue_ms must be >= 0, got {self.max_queue_ms}")
+        if self.malloc_arenas < 0:
+            raise SquantError(f"malloc_arenas must be >= 0, got {self.malloc_arenas}")
 
 
 @dataclass
