@@ -23,7 +23,7 @@ from squant.data import tokenize
 from squant.eval.probe import last_hidden_state
 from squant.mappings import max_positions, model_inputs
 from squant.models import load_model, load_tokenizer
-from squant.qlinear import QuantLinear
+from squant.qlinear import QuantLinear, add_outliers
 from squant.report import format_table
 
 
@@ -75,6 +75,7 @@ def site_errors(qmodel, tok, text: str) -> dict[str, dict]:
             ref = torch.nn.functional.linear(
                 x * module.input_multiplier, module.dequantized_weight(), module.bias
             )
+            ref = add_outliers(ref, x, module.outlier_index, module.outlier_weight)
             ref = torch.nn.functional.gelu(ref) if module.activation == "gelu" else ref
             err = (y.reshape(ref.shape).float() - ref).norm(dim=-1) / ref.norm(dim=-1).clamp(
                 min=1e-6
@@ -112,18 +113,26 @@ def main() -> None:
     inputs = stress_inputs(rows[args.calib_size :])
     ref = {k: embed_one(model, tok, v) for k, v in inputs.items()}
     record: dict = {"calib_sentences": len(sents), "results": {}}
+    every_site = ("qkv", "attn_out", "ffn_in", "ffn_out")
     variants = {
         # before issue 12: every GEMM static, calibrated on the sentences alone
         "static, all static, sentences only": (
-            squant.SmoothQuantConfig(mode="static", dynamic_sites=()),
+            squant.SmoothQuantConfig(
+                mode="static", dynamic_sites=(), outlier_channels=0, alpha_max=1.0
+            ),
             plain,
         ),
-        "static, all static, + coverage": (
-            squant.SmoothQuantConfig(mode="static", dynamic_sites=()),
+        # squant 0.x stop 11: coverage calibration + per-token attn_out/FFN-out
+        "static, no outlier channels, alpha<=1": (
+            squant.SmoothQuantConfig(mode="static", outlier_channels=0, alpha_max=1.0),
             covered,
         ),
         "static (defaults)": (squant.SmoothQuantConfig(mode="static"), covered),
         "dynamic (defaults)": (squant.SmoothQuantConfig(mode="dynamic"), covered),
+        "dynamic, outliers at every site, alpha 0": (
+            squant.SmoothQuantConfig(mode="dynamic", outlier_sites=every_site, alpha=0.0),
+            covered,
+        ),
     }
     models = {}
     for name, (config, calibration) in variants.items():

@@ -14,6 +14,8 @@ ActRange = Literal["minmax", "percentile"]
 MODES: tuple[str, ...] = ("static", "dynamic")
 SITE_KINDS: tuple[str, ...] = ("qkv", "attn_out", "ffn_in", "ffn_out")
 ACT_RANGES: tuple[str, ...] = ("minmax", "percentile")
+# a handful of channels carry BERT's outliers; more would turn the float side GEMM into real work
+MAX_OUTLIER_CHANNELS = 64
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,16 @@ class SmoothQuantConfig:
         and vary most between inputs: on real MiniLM they carried the static error on empty,
         one-word and 512-token inputs (benchmarks/stress.py), for 3.8% of compiled latency.
     search_tokens: calibration tokens sampled per linear for alpha="auto".
+    outlier_channels: per linear of the `outlier_sites` kinds, the input channels with the
+        largest calibrated magnitude (BERT's "massive activation" dimensions) that are
+        multiplied in float32 beside the int8 GEMM instead of inside it, so they neither widen
+        the int8 grid of every other channel nor force the smoothing to push them into the
+        weights. 0 turns it off.
+    outlier_sites: the kinds of GEMM that get outlier channels. Default FFN-out, whose input
+        (the GELU output) carried the worst-case error on real MiniLM; every site helps
+        dynamic mode a little more, for more latency (benchmarks/outlier_cost.py).
+    alpha_max: the largest alpha the "auto" search may pick. Above 0.5 the search fitted the
+        calibration set's channel profile and lost worst-case accuracy on inputs unlike it.
     """
 
     mode: Mode = "static"
@@ -46,6 +58,9 @@ class SmoothQuantConfig:
     exclude: tuple[str, ...] = ()
     search_tokens: int = 512
     dynamic_sites: tuple[str, ...] = ("attn_out", "ffn_out")
+    outlier_channels: int = 4
+    outlier_sites: tuple[str, ...] = ("ffn_out",)
+    alpha_max: float = 0.5
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -60,16 +75,30 @@ class SmoothQuantConfig:
             raise SquantError(f"search_tokens must be an integer, got {self.search_tokens!r}")
         if self.search_tokens < 16:
             raise SquantError(f"search_tokens must be >= 16, got {self.search_tokens}")
+        if isinstance(self.outlier_channels, bool) or not isinstance(self.outlier_channels, int):
+            raise SquantError(f"outlier_channels must be an integer, got {self.outlier_channels!r}")
+        if not 0 <= self.outlier_channels <= MAX_OUTLIER_CHANNELS:
+            raise SquantError(
+                f"outlier_channels must be in [0, {MAX_OUTLIER_CHANNELS}], "
+                f"got {self.outlier_channels}"
+            )
         if self.act_range not in ACT_RANGES:
             raise SquantError(f"act_range must be one of {ACT_RANGES}, got {self.act_range!r}")
         if not 50.0 < float(self.percentile) <= 100.0:
             raise SquantError(f"percentile must be in (50, 100], got {self.percentile}")
         object.__setattr__(self, "percentile", float(self.percentile))
         object.__setattr__(self, "exclude", tuple(self.exclude))
-        object.__setattr__(self, "dynamic_sites", tuple(self.dynamic_sites))
-        unknown = set(self.dynamic_sites) - set(SITE_KINDS)
-        if unknown:
-            raise SquantError(f"dynamic_sites takes {SITE_KINDS}, got {sorted(unknown)}")
+        for name in ("dynamic_sites", "outlier_sites"):
+            kinds = tuple(getattr(self, name))
+            object.__setattr__(self, name, kinds)
+            unknown = set(kinds) - set(SITE_KINDS)
+            if unknown:
+                raise SquantError(f"{name} takes {SITE_KINDS}, got {sorted(unknown)}")
+        if isinstance(self.alpha_max, bool) or not isinstance(self.alpha_max, int | float):
+            raise SquantError(f"alpha_max must be a number in [0, 1], got {self.alpha_max!r}")
+        if not 0.0 <= float(self.alpha_max) <= 1.0:
+            raise SquantError(f"alpha_max must be in [0, 1], got {self.alpha_max}")
+        object.__setattr__(self, "alpha_max", float(self.alpha_max))
 
     def mode_for(self, kind: str) -> str:
         """The activation mode of one kind of GEMM."""
@@ -79,6 +108,7 @@ class SmoothQuantConfig:
         d = dataclasses.asdict(self)
         d["exclude"] = list(self.exclude)
         d["dynamic_sites"] = list(self.dynamic_sites)
+        d["outlier_sites"] = list(self.outlier_sites)
         return d
 
     @classmethod
@@ -87,4 +117,5 @@ class SmoothQuantConfig:
         unknown = set(d) - names
         if unknown:
             raise SquantError(f"unknown SmoothQuantConfig fields {sorted(unknown)}")
-        return cls(**d)
+        # saved before these fields existed: no float outlier channels, alpha searched to 1
+        return cls(**{"outlier_channels": 0, "alpha_max": 1.0, **d})

@@ -58,6 +58,8 @@ class QuantizeReport:
     cosine_mean: float | None = None  # per held-out input, main output vs FP32
     cosine_min: float | None = None
     size_mib: dict[str, float] = field(default_factory=dict)  # "before", "after" on disk
+    outlier_linears: int = 0  # linears with float outlier channels beside the int8 GEMM
+    outlier_channels: int = 0  # per such linear
 
     def lines(self) -> list[str]:
         a = self.alpha
@@ -66,6 +68,11 @@ class QuantizeReport:
             f"{self.static_linears} static) in {self.seconds:.1f} s; alpha min/median/max "
             f"{a['min']:.2f}/{a['median']:.2f}/{a['max']:.2f}",
         ]
+        if self.outlier_linears:
+            out.append(
+                f"{self.outlier_channels} outlier input channels in float at "
+                f"{self.outlier_linears} linears"
+            )
         if self.calibration is not None:
             c = self.calibration
             out.append(
@@ -183,6 +190,8 @@ def quantize_checkpoint(
         seconds=seconds,
         alpha=info.alpha_summary(),
         static_linears=info.count("static"),
+        outlier_linears=sum(m.outliers > 0 for m in info.modules.values()),
+        outlier_channels=max((m.outliers for m in info.modules.values()), default=0),
         calibration=info.calibration,
         holdout_texts=len(held),
         cosine_mean=statistics.fmean(cos) if cos else None,

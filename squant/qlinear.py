@@ -7,16 +7,19 @@ Buffers (all saved; the oneDNN-packed weight is derived and never saved):
     input_multiplier  f32  [in]         1/s, the SmoothQuant pre-scale of the input
     input_scale       f32  []           static only: scale of the smoothed input's u8 grid
     input_zero_point  i32  []           static only
+    outlier_index     i64  [k]          optional: input channels multiplied in float32 beside
+    outlier_weight    f32  [out, k]     the GEMM (their multiplier and int8 weight column are 0)
 
 static:  x_q = clamp(round(x · (1/s) / input_scale) + zp)     one multiplier per channel
 dynamic: x' = x · (1/s);  x_q = round(x' / scale_t) + 128     scale_t = max|x'_t| / 127
-Both then run one oneDNN u8×s8 GEMM with dequant scale (and, static, bias) applied inside it.
+Both then run one oneDNN u8×s8 GEMM with dequant scale (and, static, bias) applied inside it;
+with outlier channels, y += x[:, outlier_index] · outlier_weightᵀ (float32) before the activation.
 Under torch.compile the quantize step fuses into the preceding kernel (LayerNorm, GELU, ...).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -32,22 +35,53 @@ def _refresh_after_load(module: QuantLinear, _incompatible_keys: object) -> None
 class SmoothedLinear(nn.Linear):
     """A float linear that applies SmoothQuant exactly: y = (x · m) W'ᵀ + b, with m = 1/s and
     W' = W · s. Same output as the original up to float rounding; the inputs it sees (x · m)
-    are what the int8 version will quantize."""
+    are what the int8 version will quantize.
+
+    outliers: input channels taken out of that product (m = 0 and W' = 0 there) and applied
+    from the unscaled input instead, y += x[:, outliers] · W[:, outliers]ᵀ: still exact."""
 
     input_multiplier: Tensor
+    outlier_index: Tensor | None
+    outlier_weight: Tensor | None
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, smoothing: Tensor) -> SmoothedLinear:
+    def from_linear(
+        cls, linear: nn.Linear, smoothing: Tensor, outliers: Tensor | None = None
+    ) -> SmoothedLinear:
         new = cls(linear.in_features, linear.out_features, linear.bias is not None)
+        multiplier = (1.0 / smoothing).float()
         with torch.no_grad():
             new.weight.copy_(linear.weight.float() * smoothing[None, :])
             if linear.bias is not None:
                 new.bias.copy_(linear.bias)
-        new.register_buffer("input_multiplier", (1.0 / smoothing).float())
+            side = None
+            if outliers is not None and outliers.numel():
+                outliers = outliers.to(torch.long)
+                side = linear.weight.detach().float()[:, outliers].clone()
+                new.weight[:, outliers] = 0.0
+                multiplier[outliers] = 0.0
+        new.register_buffer("input_multiplier", multiplier)
+        new.register_buffer("outlier_index", None if side is None else outliers)
+        new.register_buffer("outlier_weight", side)
         return new
 
     def forward(self, x: Tensor) -> Tensor:
-        return nn.functional.linear(x * self.input_multiplier, self.weight, self.bias)
+        y = nn.functional.linear(x * self.input_multiplier, self.weight, self.bias)
+        return add_outliers(y, x, self.outlier_index, self.outlier_weight)
+
+
+def add_outliers(y: Tensor, x: Tensor, index: Tensor | None, weight: Tensor | None) -> Tensor:
+    """y + x[..., index] · weightᵀ in float32 (the outlier channels' share of the product), or
+    y unchanged when there are none."""
+    if index is None or weight is None:
+        return y
+    xs = x.index_select(-1, index).float()
+    if not torch.compiler.is_compiling():
+        return y.float() + xs @ weight.T
+    # Compiled: a k-term sum broadcast over the output channels instead of a [T, k] x [k, out]
+    # GEMM, so inductor fuses it into the elementwise kernel that reads y anyway (a GEMM
+    # writes and reads back a whole [T, out] tensor per linear).
+    return y.float() + (xs.unsqueeze(-1) * weight.T).sum(-2)
 
 
 class QuantLinear(nn.Module):
@@ -59,13 +93,21 @@ class QuantLinear(nn.Module):
     input_scale: Tensor
     input_zero_point: Tensor
     kernel_weight: Tensor | None
+    outlier_index: Tensor | None
+    outlier_weight: Tensor | None
     kernel_scale: Tensor | None
     packed_weight: Tensor
     weight_zero_point: Tensor
     _static_multiplier: Tensor
 
     def __init__(
-        self, in_features: int, out_features: int, bias: bool, mode: str, activation: str = "none"
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool,
+        mode: str,
+        activation: str = "none",
+        outliers: int = 0,
     ) -> None:
         super().__init__()
         if mode not in MODES:
@@ -84,6 +126,13 @@ class QuantLinear(nn.Module):
         self.register_buffer("weight_scale", torch.ones(out_features))
         self.register_buffer("bias", torch.zeros(out_features) if bias else None)
         self.register_buffer("input_multiplier", torch.ones(in_features))
+        self.outliers = outliers
+        self.register_buffer(
+            "outlier_index", torch.zeros(outliers, dtype=torch.long) if outliers else None
+        )
+        self.register_buffer(
+            "outlier_weight", torch.zeros(out_features, outliers) if outliers else None
+        )
         if mode == "static":
             self.register_buffer("input_scale", torch.tensor(1.0))
             self.register_buffer(
@@ -105,10 +154,15 @@ class QuantLinear(nn.Module):
         calibrated (lo, hi) of the input *after* the smoothing pre-scale; activation: applied
         to the output (the module that applied it before must be removed by the caller)."""
         has_bias = linear.bias is not None
-        q = cls(linear.in_features, linear.out_features, has_bias, mode, activation)
+        side = linear.outlier_weight if isinstance(linear, SmoothedLinear) else None
+        outliers = 0 if side is None else side.shape[1]
+        q = cls(linear.in_features, linear.out_features, has_bias, mode, activation, outliers)
         with torch.no_grad():
             if isinstance(linear, SmoothedLinear):
                 q.input_multiplier.copy_(linear.input_multiplier)
+                if q.outlier_index is not None and q.outlier_weight is not None:
+                    q.outlier_index.copy_(cast(Tensor, linear.outlier_index))
+                    q.outlier_weight.copy_(cast(Tensor, side))
             w_q, w_scale = int8.quantize_weight(linear.weight)
             q.weight.copy_(w_q)
             q.weight_scale.copy_(w_scale)
@@ -160,8 +214,10 @@ class QuantLinear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)
+        side = self.outlier_index is not None
         if self.mode == "static":
             x_q = int8.quantize_static(x2, self._static_multiplier, self._x_zero_point)
+            # the activation must follow the outlier channels' share: outside the GEMM then
             y = int8.int8_linear(
                 x_q,
                 self._x_scale,
@@ -170,9 +226,12 @@ class QuantLinear(nn.Module):
                 self._kernel_weight()[1],
                 self.weight_zero_point,
                 self.bias,
-                x.dtype,
-                self.activation,
+                torch.float32 if side else x.dtype,
+                "none" if side else self.activation,
             )
+            if side:
+                y = add_outliers(y, x2, self.outlier_index, self.outlier_weight)
+                y = int8.apply_activation(y, self.activation).to(x.dtype)
         else:
             x_q, token_scale = int8.quantize_per_token(x2 * self.input_multiplier)
             y = int8.int8_linear(
@@ -188,6 +247,7 @@ class QuantLinear(nn.Module):
             y = y * token_scale
             if self.bias is not None:
                 y = y + self.bias
+            y = add_outliers(y, x2, self.outlier_index, self.outlier_weight)
             y = int8.apply_activation(y, self.activation).to(x.dtype)
         return y.reshape(*shape[:-1], self.out_features)
 
@@ -201,6 +261,8 @@ class QuantLinear(nn.Module):
         s += f", mode={self.mode}"
         if self.activation != "none":
             s += f", activation={self.activation}"
+        if self.outliers:
+            s += f", float_channels={self.outliers}"
         if self.mode == "static":
             s += f", x_scale={self._x_scale:.4g}, x_zp={self._x_zero_point}"
         return s

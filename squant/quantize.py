@@ -33,7 +33,7 @@ from .mappings import EncoderLayout, fusable_activation, layout_for, linear_at
 from .qlinear import QuantLinear, SmoothedLinear
 from .record import Coverage, LinearRecord, QuantizationRecord
 from .sentence_transformer import is_sentence_transformer
-from .smooth import search_alpha, smoothing_factors, weight_channel_absmax
+from .smooth import ALPHA_GRID, search_alpha, smoothing_factors, weight_channel_absmax
 
 
 @dataclass(frozen=True)
@@ -107,6 +107,30 @@ def _excluded(name: str, patterns: Iterable[str]) -> bool:
 AlphaChooser = Callable[[Site, nn.Linear], float]
 
 
+def outlier_channels(
+    stats: Mapping[str, SiteStats], sites: Iterable[Site], config: SmoothQuantConfig
+) -> dict[str, Tensor]:
+    """Per site of the configured kinds, the input channels with the largest calibrated
+    magnitude (sorted): multiplied in float beside the int8 GEMM (outlier_channels)."""
+    k = config.outlier_channels
+    out: dict[str, Tensor] = {}
+    for site in sites:
+        if k == 0 or site.kind not in config.outlier_sites:
+            continue
+        absmax = stats[site.name].range.absmax
+        out[site.name] = absmax.topk(min(k, absmax.numel())).indices.sort().values
+    return out
+
+
+def _without(x: Tensor, channels: Tensor | None, dim: int = -1) -> Tensor:
+    """x with the given channels (along dim) set to zero: what the int8 GEMM sees of it."""
+    if channels is None:
+        return x
+    x = x.clone()
+    x.index_fill_(dim, channels, 0.0)
+    return x
+
+
 def fixed_alpha(alpha: float | Mapping[str, float]) -> AlphaChooser:
     """One alpha for every site, or one per site name."""
     if isinstance(alpha, Mapping):
@@ -114,14 +138,26 @@ def fixed_alpha(alpha: float | Mapping[str, float]) -> AlphaChooser:
     return lambda _site, _linear: float(alpha)
 
 
-def searched_alpha(stats: Mapping[str, SiteStats], config: SmoothQuantConfig) -> AlphaChooser:
-    """Per site, the alpha with the smallest int8 output error on its token sample."""
+def searched_alpha(
+    stats: Mapping[str, SiteStats],
+    config: SmoothQuantConfig,
+    outliers: Mapping[str, Tensor] | None = None,
+) -> AlphaChooser:
+    """Per site, the alpha with the smallest int8 output error on its token sample (of the
+    channels the int8 GEMM multiplies: outlier channels are exact in float)."""
+    outliers = outliers or {}
 
     def choose(site: Site, linear: nn.Linear) -> float:
         st = stats[site.name]
         lo, hi = st.range.bounds
+        skip = outliers.get(site.name)
         best, _errors = search_alpha(
-            st.search_rows(), linear.weight, lo, hi, config.mode_for(site.kind)
+            _without(st.search_rows(), skip),
+            _without(linear.weight.detach().float(), skip),
+            _without(lo, skip),
+            _without(hi, skip),
+            config.mode_for(site.kind),
+            grid=tuple(a for a in ALPHA_GRID if a <= config.alpha_max + 1e-9),
         )
         return best
 
@@ -135,10 +171,12 @@ def _apply_smoothing(
     sites: list[Site],
     stats: Mapping[str, SiteStats],
     choose_alpha: AlphaChooser,
+    outliers: Mapping[str, Tensor] | None = None,
 ) -> tuple[dict[str, Tensor], dict[str, float]]:
     """Smooth every site in place (exact in real arithmetic). Returns per site m = 1/s (the
-    per-channel factor between the original input and the input its GEMM now sees) and the
-    alpha used."""
+    per-channel factor between the original input and the input its GEMM now sees; 0 on
+    outlier channels, which the GEMM no longer sees) and the alpha used."""
+    outliers = outliers or {}
     _, layers = encoder_layers(model, layout)
     multipliers: dict[str, Tensor] = {}
     alphas: dict[str, float] = {}
@@ -146,10 +184,14 @@ def _apply_smoothing(
     for site in sorted(sites, key=lambda s: s.kind != "attn_out"):
         linear = linear_at(model, site.name)
         alphas[site.name] = alpha = choose_alpha(site, linear)
+        skip = outliers.get(site.name)
+        # outlier channels get s = 1 (no activation magnitude left to migrate)
         s = smoothing_factors(
-            stats[site.name].range.absmax, weight_channel_absmax(linear.weight), alpha
+            _without(stats[site.name].range.absmax, skip),
+            weight_channel_absmax(linear.weight),
+            alpha,
         )
-        multipliers[site.name] = 1.0 / s
+        multipliers[site.name] = _without(1.0 / s, skip)
         if site.kind == "attn_out":
             # context = softmax(QKᵀ)·V is linear in V's channels: scaling V's output rows
             # scales the context's channels, at no run-time cost.
@@ -159,8 +201,11 @@ def _apply_smoothing(
             if qkv.bias is not None:
                 qkv.bias[v_rows] /= s
             linear.weight.mul_(s[None, :])
+            if skip is not None:  # the smoothing is folded; only the outliers need a module
+                ones = torch.ones_like(s)
+                model.set_submodule(site.name, SmoothedLinear.from_linear(linear, ones, skip))
         else:
-            model.set_submodule(site.name, SmoothedLinear.from_linear(linear, s))
+            model.set_submodule(site.name, SmoothedLinear.from_linear(linear, s, skip))
     return multipliers, alphas
 
 
@@ -216,14 +261,17 @@ def smooth(
     alpha: float | Mapping[str, float] = 0.5,
     *,
     exclude: Iterable[str] = (),
+    outliers: Mapping[str, Tensor] | None = None,
     inplace: bool = False,
     progress: bool = True,
 ) -> nn.Module:
     """The float model with Q/K/V fused and SmoothQuant applied: same outputs as the input
-    model (up to float rounding), activation outliers moved into the weights."""
+    model (up to float rounding), activation outliers moved into the weights.
+    outliers: per site name, input channels kept out of the smoothing and applied separately
+    (as a quantized model with float outlier channels does; see QuantLinear.outlier_index)."""
     model, layout, sites, batches = _prepare(model, calibration, exclude, inplace)
     stats = _observe(model, [s.name for s in sites], SiteStats, batches, "smoothing", progress)
-    _apply_smoothing(model, layout, sites, stats, fixed_alpha(alpha))
+    _apply_smoothing(model, layout, sites, stats, fixed_alpha(alpha), outliers)
     return model.eval()
 
 
@@ -255,8 +303,9 @@ def quantize(
     auto = config.alpha == "auto"
     sample = config.search_tokens if auto else 0
     stats = _observe(model, names, lambda: SiteStats(sample), batches, "calibrating", progress)
-    chooser = searched_alpha(stats, config) if auto else fixed_alpha(float(config.alpha))
-    multipliers, alphas = _apply_smoothing(model, layout, sites, stats, chooser)
+    outliers = outlier_channels(stats, sites, config)
+    chooser = searched_alpha(stats, config, outliers) if auto else fixed_alpha(float(config.alpha))
+    multipliers, alphas = _apply_smoothing(model, layout, sites, stats, chooser, outliers)
     for st in stats.values():
         st.sample = st.extremes = None  # free the token samples before the next pass
 
@@ -295,6 +344,7 @@ def quantize(
             alpha=alphas[site.name],
             activation=activation,
             absorbs=absorbed,
+            outliers=q.outliers,
         )
     cast(Any, model).squant_info = QuantizationRecord(
         config, modules, calibration_coverage(batches)

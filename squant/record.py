@@ -23,7 +23,8 @@ from .errors import SquantError
 
 @dataclass(frozen=True)
 class LinearRecord:
-    """One quantized GEMM. absorbs: the activation module the GEMM's epilogue replaced."""
+    """One quantized GEMM. absorbs: the activation module the GEMM's epilogue replaced;
+    outliers: how many input channels it multiplies in float beside the int8 GEMM."""
 
     kind: str
     layer: int
@@ -34,6 +35,7 @@ class LinearRecord:
     alpha: float | None = None
     activation: str = "none"
     absorbs: str | None = None
+    outliers: int = 0
 
     @classmethod
     def from_dict(cls, d: Any, where: str) -> LinearRecord:
@@ -52,7 +54,12 @@ class LinearRecord:
             alpha=_get(d, "alpha", (int, float, type(None)), where, default=None),
             activation=_get(d, "activation", str, where, default="none"),
             absorbs=_get(d, "absorbs", (str, type(None)), where, default=None),
+            outliers=_get(d, "outliers", int, where, default=0),
         )
+        if not 0 <= rec.outliers <= rec.in_features:
+            raise SquantError(
+                f"{where}: outliers {rec.outliers} is not in [0, in_features={rec.in_features}]"
+            )
         if rec.mode not in MODES:
             raise SquantError(f"{where}: mode {rec.mode!r} is not one of {MODES}")
         if rec.activation not in int8.POST_OPS:

@@ -148,7 +148,7 @@ def _build(
         model = getattr(transformers, cls_name)(config).eval()
         fuse_attention(model, layout_for(model))
         for name, m in modules.items():
-            q = QuantLinear(m.in_features, m.out_features, m.bias, m.mode, m.activation)
+            q = QuantLinear(m.in_features, m.out_features, m.bias, m.mode, m.activation, m.outliers)
             model.set_submodule(name, q)
             if m.absorbs:
                 model.set_submodule(m.absorbs, nn.Identity())
@@ -231,10 +231,26 @@ def _check_header(model: nn.Module, header: dict[str, Any], weights: Path) -> No
 def _check_values(model: nn.Module, where: Path) -> None:
     for name, module in model.named_modules():
         if isinstance(module, QuantLinear):
-            positive = {
-                "weight_scale": module.weight_scale,
-                "input_multiplier": module.input_multiplier,
-            }
+            multiplier = module.input_multiplier
+            if module.outlier_index is not None:
+                idx = module.outlier_index
+                if idx.numel() and (
+                    int(idx.min()) < 0
+                    or int(idx.max()) >= module.in_features
+                    or len(set(idx.tolist())) != idx.numel()
+                ):
+                    raise SquantError(
+                        f"{where}: {name}.outlier_index must be distinct channels in "
+                        f"[0, {module.in_features})"
+                    )
+                if bool((multiplier[idx] != 0).any()):
+                    raise SquantError(
+                        f"{where}: {name}.input_multiplier must be 0 on its outlier channels"
+                    )
+                keep = torch.ones_like(multiplier, dtype=torch.bool)
+                keep[idx] = False
+                multiplier = multiplier[keep]  # the others must be positive like any site's
+            positive = {"weight_scale": module.weight_scale, "input_multiplier": multiplier}
             if module.mode == "static":
                 positive["input_scale"] = module.input_scale
                 zp = int(module.input_zero_point)

@@ -76,7 +76,12 @@ def sensitivity(
         raise SquantError("sensitivity() needs a model returned by squant.quantize()")
     info = record.modules
     alphas = {name: m.alpha for name, m in info.items() if m.alpha is not None}
-    base = smooth(model, calibration, alphas, exclude=[], progress=False)
+    outliers = {
+        name: q.outlier_index
+        for name, q in qmodel.named_modules()
+        if isinstance(q, QuantLinear) and q.outlier_index is not None
+    }
+    base = smooth(model, calibration, alphas, exclude=[], outliers=outliers, progress=False)
     refs = [first_tensor(model(**b)).float() for b in calibration]
     errors = {}
     for name in info:

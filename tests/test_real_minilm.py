@@ -73,8 +73,9 @@ def test_default_compile_accepts_real_weights_with_padded_batches(minilm_dir):
 def test_static_defaults_hold_on_the_stress_set(minilm_dir):
     """Empty, one-word, non-Latin, code, repeated and 512-token inputs, one at a time, after
     calibrating on 256 ordinary sentences. Measured (AVX2 host, 7-bit weights): worst input
-    0.983 with squant's defaults (coverage calibration + per-token attn_out/FFN-out) vs 0.707
-    for all-static calibrated on the sentences alone (README, issue 12)."""
+    0.9926 with squant's defaults (coverage calibration, per-token attn_out/FFN-out, 4 float
+    outlier channels at FFN-out, alpha <= 0.5), 0.983 without the last two, 0.707 for
+    all-static calibrated on the sentences alone (README, issue 12)."""
     import sys
 
     import squant
@@ -96,5 +97,5 @@ def test_static_defaults_hold_on_the_stress_set(minilm_dir):
 
     default = worst(squant.SmoothQuantConfig(mode="static"), covered)
     naive = worst(squant.SmoothQuantConfig(mode="static", dynamic_sites=()), plain)
-    assert default >= 0.97, default
+    assert default >= 0.99, default
     assert default > naive + 0.1, (default, naive)

@@ -21,6 +21,10 @@ CONFIG_HELP = {
     "dynamic_sites": "with --mode static, a GEMM kind quantized per token at run time instead "
     "(repeatable: qkv, attn_out, ffn_in, ffn_out; 'none' = all static; default attn_out and "
     "ffn_out)",
+    "outlier_channels": "input channels per linear (the largest calibrated ones) multiplied in "
+    "float beside the int8 GEMM; 0 = none",
+    "outlier_sites": "a GEMM kind that gets --outlier-channels (repeatable; default ffn_out)",
+    "alpha_max": "the largest alpha --alpha auto may choose",
 }
 
 
@@ -59,6 +63,8 @@ FIELD_TYPES: dict[str, Callable[[str], Any]] = {
     "alpha": parse_alpha,
     "percentile": float,
     "search_tokens": int,
+    "outlier_channels": int,
+    "alpha_max": float,
 }
 
 
@@ -67,8 +73,8 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     for field in dataclasses.fields(SmoothQuantConfig):
         flag = "--" + field.name.replace("_", "-")
         default = field.default
-        if field.name in ("exclude", "dynamic_sites"):
-            choices = (*SITE_KINDS, "none") if field.name == "dynamic_sites" else None
+        if field.name in ("exclude", "dynamic_sites", "outlier_sites"):
+            choices = None if field.name == "exclude" else (*SITE_KINDS, "none")
             parser.add_argument(
                 flag, action="append", default=None, choices=choices, help=CONFIG_HELP[field.name]
             )
@@ -83,9 +89,10 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> SmoothQuantConfig:
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(SmoothQuantConfig)}
     values["exclude"] = tuple(values["exclude"] or ())
-    sites = values.pop("dynamic_sites")
-    if sites is not None:  # not given: the dataclass default
-        values["dynamic_sites"] = () if "none" in sites else tuple(sites)
+    for name in ("dynamic_sites", "outlier_sites"):
+        sites = values.pop(name)
+        if sites is not None:  # not given: the dataclass default
+            values[name] = () if "none" in sites else tuple(sites)
     return SmoothQuantConfig(**values)
 
 
