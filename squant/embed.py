@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -131,6 +131,9 @@ def _write_shard(path: Path, first_row: int, vectors: torch.Tensor) -> None:
     os.replace(tmp, path)  # whole or absent: a crash never leaves half a shard
 
 
+ShardEmbedder = Callable[[list[list[str]]], list[torch.Tensor]]
+
+
 def embed_file(
     engine: Engine,
     input_path: str | Path,
@@ -142,18 +145,53 @@ def embed_file(
 ) -> EmbedReport:
     """Embed every row of `input_path` into Parquet shards under `out` (see the module
     docstring); the engine must be started. normalize: None = the model's own setting."""
+    if engine.task != "embed":
+        raise SquantError(f"this model serves /{engine.task}; squant embed needs a base model")
+    normalize = engine.normalize_default if normalize is None else normalize
+
+    def embed_shards(shards: list[list[str]]) -> list[torch.Tensor]:
+        vectors = [_embed(engine, texts) for texts in shards]
+        if normalize:
+            vectors = [torch.nn.functional.normalize(v, dim=-1) for v in vectors]
+        return vectors
+
+    return write_shards(
+        input_path,
+        out,
+        shard_rows,
+        embed_shards,
+        1,
+        engine.pooling,
+        normalize,
+        model_name,
+        progress,
+    )
+
+
+def write_shards(
+    input_path: str | Path,
+    out: str | Path,
+    shard_rows: int,
+    embed_shards: ShardEmbedder,
+    shards_per_call: int,
+    pooling: str,
+    normalize: bool,
+    model_name: str = "",
+    progress: bool = True,
+) -> EmbedReport:
+    """The resumable shard loop behind every `squant embed`: read the rows, skip the shards
+    already complete, hand up to `shards_per_call` missing ones at a time to `embed_shards`
+    (texts -> final vectors, one [rows, dim] tensor per shard, in order), write each shard
+    atomically."""
     try:
         import pyarrow  # noqa: F401
     except ImportError:
         raise SquantError("squant embed writes Parquet: pip install 'squant[data]'") from None
-    if engine.task != "embed":
-        raise SquantError(f"this model serves /{engine.task}; squant embed needs a base model")
     if shard_rows < 1:
         raise SquantError(f"shard size must be >= 1, got {shard_rows}")
     input_path, out = Path(input_path), Path(out)
     if not input_path.is_file():
         raise SquantError(f"input {input_path} does not exist")
-    normalize = engine.normalize_default if normalize is None else normalize
     _check_manifest(
         out,
         {
@@ -162,26 +200,38 @@ def embed_file(
             "input_bytes": input_path.stat().st_size,
             "model": model_name,
             "shard_rows": shard_rows,
-            "pooling": engine.pooling,
+            "pooling": pooling,
             "normalize": normalize,
         },
     )
     t0 = time.perf_counter()
     rows = shards = skipped = dim = 0
+    pending: list[tuple[int, list[str]]] = []
     bar = tqdm(desc="embedding", unit="row", disable=not progress)
+
+    def flush() -> None:
+        nonlocal dim
+        vectors = embed_shards([texts for _, texts in pending])
+        for (k, texts), v in zip(pending, vectors, strict=True):
+            if v.shape[0] != len(texts):
+                raise SquantError(f"shard {k}: {v.shape[0]} vectors for {len(texts)} rows")
+            _write_shard(out / f"part-{k:05d}.parquet", k * shard_rows, v)
+            dim = int(v.shape[1])
+            bar.update(len(texts))
+        pending.clear()
+
     for k, texts in enumerate(_chunks(read_rows(input_path), shard_rows)):
-        path = out / f"part-{k:05d}.parquet"
         shards += 1
-        if _shard_complete(path, len(texts)):
-            skipped += 1
-        else:
-            vectors = _embed(engine, texts)
-            if normalize:
-                vectors = torch.nn.functional.normalize(vectors, dim=-1)
-            _write_shard(path, k * shard_rows, vectors)
-            dim = int(vectors.shape[1])
         rows += len(texts)
-        bar.update(len(texts))
+        if _shard_complete(out / f"part-{k:05d}.parquet", len(texts)):
+            skipped += 1
+            bar.update(len(texts))
+            continue
+        pending.append((k, texts))
+        if len(pending) == shards_per_call:
+            flush()
+    if pending:
+        flush()
     bar.close()
     if dim == 0 and shards:  # every shard was there already: read the width back
         import pyarrow.parquet as pq

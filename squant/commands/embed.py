@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from .common import positive_int
+
+if TYPE_CHECKING:
+    from ..embed import EmbedReport
 
 HELP = "embed a corpus (one text per line / JSONL) into Parquet shards, resumable"
 
@@ -22,6 +26,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     norm.add_argument("--normalize", dest="normalize", action="store_true", default=None)
     norm.add_argument("--no-normalize", dest="normalize", action="store_false")
     p.add_argument("--pooling-from", default=None, help="as for squant serve")
+    ray = p.add_argument_group("Ray Data (extra squant[ray])")
+    ray.add_argument("--ray", action="store_true", help="embed on Ray actors (local or a cluster)")
+    ray.add_argument("--ray-address", default=None, help="an existing cluster (default: local)")
+    ray.add_argument("--actors", type=positive_int, default=None, help="default: cores / C")
+    ray.add_argument("--cores-per-actor", type=positive_int, default=1)
 
 
 def run(args: argparse.Namespace) -> None:
@@ -35,6 +44,9 @@ def run(args: argparse.Namespace) -> None:
         from ..errors import SquantError
 
         raise SquantError(f"input {args.input} does not exist")
+    if args.ray:
+        print(_run_on_ray(args).line())
+        return
     config = ServeConfig(
         instances=args.instances,
         cores_per_instance=args.cores_per_instance,
@@ -53,3 +65,35 @@ def run(args: argparse.Namespace) -> None:
     finally:
         engine.stop(1.0)
     print(report.line())
+
+
+def _run_on_ray(args: argparse.Namespace) -> EmbedReport:
+    from ..errors import SquantError
+
+    try:
+        import ray
+    except ImportError:
+        raise SquantError("--ray needs the ray extra: pip install 'squant[ray]'") from None
+    from ..ray_data import embed_file_on_ray
+
+    started = not ray.is_initialized()  # inside a Ray driver already: use its connection
+    if started:
+        ray.init(address=args.ray_address, include_dashboard=False, log_to_driver=False)
+    try:
+        actors = args.actors or max(
+            1, int(ray.cluster_resources().get("CPU", 1)) // args.cores_per_actor
+        )
+        return embed_file_on_ray(
+            args.model,
+            args.input,
+            args.out,
+            args.shard_rows,
+            actors,
+            args.cores_per_actor,
+            args.normalize,
+            args.pooling_from,
+            model_name=str(args.model),
+        )
+    finally:
+        if started:
+            ray.shutdown()
