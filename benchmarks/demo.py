@@ -65,6 +65,7 @@ def main() -> None:
                 name,
                 f"{r['accuracy']:.2f}",
                 f"{r['accuracy'] - fp32['accuracy']:+.2f}" if fp32 else None,
+                f"{r['agreement']:.2f}",
                 f"{r['embedding_cosine']:.5f}",
                 f"{r['cosine_min']:.4f}",
                 f"{r['sentences_per_second']:.0f}",
@@ -80,7 +81,16 @@ def main() -> None:
     )
     print(
         format_table(
-            ["variant", "accuracy %", "vs fp32", "emb. cosine", "worst", "sent/s", "speed vs fp32"],
+            [
+                "variant",
+                "accuracy %",
+                "vs fp32",
+                "agrees w/ fp32 %",
+                "emb. cosine",
+                "worst",
+                "sent/s",
+                "speed vs fp32",
+            ],
             rows,
         )
     )

@@ -38,6 +38,8 @@ from .embed import EmbedReport, _embed, write_shards
 from .errors import SquantError
 from .serve.engine import ServeConfig
 
+ROUND_ROWS = 50_000  # rows per Ray dataset of `squant embed --ray` (see embed_file_on_ray)
+
 
 def claim_cores(cores: int, lock_dir: str | Path | None = None) -> tuple[list[int], Any]:
     """The lowest free slot of `cores` cores of this machine's allowed CPUs, and the open lock
@@ -183,14 +185,16 @@ def embed_file_on_ray(
         stacked = torch.from_numpy(np.concatenate(vectors)[np.argsort(order)])
         return list(torch.split(stacked, [len(s) for s in shards]))
 
-    # a few shards per round keeps every actor busy without holding the corpus in memory;
-    # each round starts its actors anew (one model load per actor per round)
+    # Each round is one Ray dataset, and its actors start anew (one model load each): rounds
+    # of ~ROUND_ROWS rows (at least two shards per actor) amortize that while holding only
+    # one round's texts and vectors in the driver.
+    per_round = max(2 * actors, -(-ROUND_ROWS // shard_rows), 1)
     return write_shards(
         input_path,
         out,
         shard_rows,
         embed_shards,
-        max(2 * actors, 1),
+        per_round,
         pooling,
         normalize,
         model_name,

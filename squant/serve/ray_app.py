@@ -1,5 +1,5 @@
 """`squant serve --ray`: the same HTTP app as a Ray Serve deployment (optional extra
-`squant[ray]`; the only module that imports Ray).
+`squant[ray]`; with ray_data.py, the only modules that import Ray).
 
 Each replica builds its own engine from the model directory and pins itself to its share of
 its node's cores (Ray schedules by CPU count but does not pin: replica k of a node takes

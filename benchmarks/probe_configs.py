@@ -1,0 +1,79 @@
+"""The SNLI linear probe of the real all-MiniLM-L6-v2 for several SmoothQuantConfigs side by
+side (one process, one probe, one FP32 reference): accuracy, agreement with FP32's labels,
+and embedding cosine (mean, worst pair). Default: today's defaults against the same mode
+without float outlier channels and with the alpha search up to 1 (the defaults before).
+
+    python benchmarks/probe_configs.py [--snli-dir .cache/snli] [--test-pairs all]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import squant
+from squant.eval.probe_eval import ProbeSettings, prepare_probe
+from squant.report import format_table
+
+CONFIGS = {
+    "static (defaults)": squant.SmoothQuantConfig(mode="static"),
+    "static, no outlier channels, alpha<=1": squant.SmoothQuantConfig(
+        mode="static", outlier_channels=0, alpha_max=1.0
+    ),
+    "dynamic (defaults)": squant.SmoothQuantConfig(mode="dynamic"),
+    "dynamic, no outlier channels, alpha<=1": squant.SmoothQuantConfig(
+        mode="dynamic", outlier_channels=0, alpha_max=1.0
+    ),
+}
+
+
+def main() -> None:
+    from demo import minilm_dir  # benchmarks/demo.py
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--snli-dir", type=Path, default=Path(".cache/snli"))
+    p.add_argument("--test-pairs", default="all")
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args()
+    limit = None if args.test_pairs == "all" else int(args.test_pairs)
+    task = prepare_probe(
+        minilm_dir(),
+        args.snli_dir / "snli_1.0_test.jsonl",
+        args.snli_dir / "snli_1.0_train_subset.jsonl",
+        limit,
+        ProbeSettings(),
+    )
+    results = {"fp32": task.score(task.model, "fp32")}
+    for name, config in CONFIGS.items():
+        q = squant.quantize(task.model, config, task.calibration, progress=False)
+        with torch.no_grad():
+            results[name] = task.score(q, name)
+    fp32 = results["fp32"]["accuracy"]
+    rows = [
+        [
+            name,
+            f"{r['accuracy']:.2f}",
+            f"{r['accuracy'] - fp32:+.2f}",
+            f"{r['agreement']:.2f}",
+            f"{r['embedding_cosine']:.5f}",
+            f"{r['cosine_min']:.4f}",
+        ]
+        for name, r in results.items()
+    ]
+    print(f"all-MiniLM-L6-v2, SNLI 1.0 test, {task.n_scored} pairs, linear probe on FP32 features")
+    headers = ["variant", "accuracy %", "vs fp32", "agrees w/ fp32 %", "cosine", "worst"]
+    print(format_table(headers, rows))
+    if args.json:
+        configs = {n: c.to_dict() for n, c in CONFIGS.items()}
+        record = {"n_test": task.n_scored, "configs": configs, "results": results}
+        args.json.write_text(json.dumps(record, indent=2))
+
+
+if __name__ == "__main__":
+    main()
