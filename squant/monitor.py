@@ -14,6 +14,7 @@ the eager model next to the compiled one).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -36,18 +37,21 @@ class RangeMonitor:
         }
         self.model = model
         self.counts = {name: [0, 0] for name in self.modules}  # tokens, clipped tokens
-        self.token_mask: Tensor | None = None
+        # threads may share one monitor (a server's workers share one model): each call's
+        # padding mask is its own thread's, the counts are added under a lock
+        self._local = threading.local()
+        self._lock = threading.Lock()
         self._handles: list[Any] = []
 
     @torch.no_grad()
     def __call__(self, **inputs: Any) -> Any:
         """Run the model; padding positions (attention_mask == 0) are not counted: their
         values are never used, and calibration never saw them either."""
-        self.token_mask = inputs.get("attention_mask")
+        self._local.mask = inputs.get("attention_mask")
         try:
             return self.model(**inputs)
         finally:
-            self.token_mask = None
+            self._local.mask = None
 
     def _hook(self, name: str, module: QuantLinear) -> Callable[..., None]:
         # beyond half a step past either end of the grid, rounding alone no longer covers it
@@ -57,13 +61,14 @@ class RangeMonitor:
 
         def hook(_m: nn.Module, args: tuple[Any, ...]) -> None:
             x: Tensor = args[0]
-            mask = self.token_mask
+            mask = getattr(self._local, "mask", None)
             if mask is not None and tuple(x.shape[:-1]) == tuple(mask.shape):
                 x = x[mask.bool()]
             x = x.reshape(-1, module.in_features).float() * module.input_multiplier
-            outside = (x.amin(dim=1) < lo) | (x.amax(dim=1) > hi)
-            self.counts[name][0] += x.shape[0]
-            self.counts[name][1] += int(outside.sum())
+            outside = int(((x.amin(dim=1) < lo) | (x.amax(dim=1) > hi)).sum())
+            with self._lock:
+                self.counts[name][0] += x.shape[0]
+                self.counts[name][1] += outside
 
         return hook
 
@@ -78,12 +83,16 @@ class RangeMonitor:
         self._handles.clear()
 
     def report(self) -> dict[str, dict[str, float]]:
+        with self._lock:
+            counts = {name: tuple(c) for name, c in self.counts.items()}
         return {
             name: {"tokens": n, "clipped_tokens": k, "fraction": k / n if n else 0.0}
-            for name, (n, k) in self.counts.items()
+            for name, (n, k) in counts.items()
         }
 
     def clipped_fraction(self) -> float:
         """Over all static linears: the share of token inputs that were clipped."""
-        n = sum(c[0] for c in self.counts.values())
-        return sum(c[1] for c in self.counts.values()) / n if n else 0.0
+        with self._lock:
+            n = sum(c[0] for c in self.counts.values())
+            k = sum(c[1] for c in self.counts.values())
+        return k / n if n else 0.0

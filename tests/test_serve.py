@@ -343,3 +343,36 @@ def test_a_float_checkpoint_is_quantized_at_start_up_with_calib(
     args = parser.parse_args([str(quantized), *layout, "--calib", str(calib_jsonl)])
     with pytest.raises(squant.SquantError, match="already quantized"):
         build_engine(args)
+
+
+def test_watch_ranges_counts_every_real_token_of_every_static_linear(tokenizer):
+    model = tiny_model("bert", vocab_size=len(tokenizer), outliers=True)
+    q = squant.quantize(model, calibration=_calib(model), progress=False)
+    static = {n: m for n, m in q.named_modules() if getattr(m, "mode", None) == "static"}
+    narrowed = next(iter(static))
+    with torch.no_grad():  # a range 100x too narrow: that linear must report clipping
+        static[narrowed].input_scale.div_(100.0)
+    static[narrowed].refresh()
+    config = ServeConfig(instances=2, cores_per_instance=1, watch_ranges=True)
+    engine = Engine(q, tokenizer, config)
+    engine.start(warm=False)
+    try:
+        client = TestClient(create_app(engine))
+        texts = ["the cat sat on the mat", "a dog", "the red car runs fast in the park"]
+        for text in texts:
+            assert client.post("/embed", json={"inputs": [text, text]}).status_code == 200
+        real = 2 * sum(len(tokenizer(t)["input_ids"]) for t in texts)  # padding not counted
+        report = engine.range_monitor.report()
+        assert set(report) == set(static)
+        assert all(r["tokens"] == real for r in report.values())
+        assert report[narrowed]["clipped_tokens"] > 0
+        metrics = client.get("/metrics").text
+        assert f'squant_range_tokens_total{{linear="{narrowed}"}} {real}' in metrics
+        assert f'squant_range_clipped_tokens_total{{linear="{narrowed}"}}' in metrics
+    finally:
+        engine.stop(1.0)
+    dynamic = squant.quantize(
+        model, squant.SmoothQuantConfig(mode="dynamic"), _calib(model), progress=False
+    )
+    with pytest.raises(squant.SquantError, match="no static int8 linears"):
+        Engine(dynamic, tokenizer, ServeConfig(watch_ranges=True))

@@ -48,6 +48,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="refuse (429) while the queued work would take longer than this to run (0: off)",
     )
     p.add_argument(
+        "--watch-ranges",
+        action="store_true",
+        help="count, per static int8 linear, tokens outside the calibrated range (on /metrics: "
+        "squant_range_clipped_tokens_total); eager static models only",
+    )
+    p.add_argument(
         "--ray",
         action="store_true",
         help="serve as a Ray Serve application (extra squant[ray]): --replicas servers, each "
@@ -100,6 +106,7 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
         max_queue_ms=args.max_queue_ms,
         max_concurrent=args.max_concurrent,
         malloc_arenas=args.malloc_arenas,
+        watch_ranges=args.watch_ranges,
     )
 
 

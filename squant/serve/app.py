@@ -299,6 +299,13 @@ def create_app(engine: Engine, model_name: str = "squant", grace_s: float = 30.0
                 f"squant_queue_seconds_total {s.queue_seconds}\n"
                 f"squant_inference_seconds_total {s.inference_seconds}\n"
             )
+        if engine.range_monitor is not None:  # --watch-ranges: the drift alarm
+            for name, r in engine.range_monitor.report().items():
+                label = f'{{linear="{name}"}}'
+                extra += (
+                    f"squant_range_tokens_total{label} {int(r['tokens'])}\n"
+                    f"squant_range_clipped_tokens_total{label} {int(r['clipped_tokens'])}\n"
+                )
         return PlainTextResponse(generate_latest(registry).decode() + extra)
 
     return app

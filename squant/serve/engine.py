@@ -39,6 +39,7 @@ from torch import Tensor, nn
 from ..bench.runner import plan
 from ..errors import SquantError
 from ..mappings import max_positions, model_inputs
+from ..monitor import RangeMonitor
 
 BUCKETS = (16, 32, 64, 128, 256, 512)
 
@@ -77,6 +78,10 @@ class ServeConfig:
     # MiniLM served 2x1 held 926 MiB RSS against 784 MiB for 1x1 (1.18x); with one arena
     # 812 against 787 MiB (1.03x), the weights being shared either way.
     malloc_arenas: int = 1
+    # count, per static int8 linear, the tokens whose input left the calibrated range (a
+    # drift alarm on /metrics; squant.monitor.RangeMonitor). Eager models only; costs one
+    # min/max per token and static linear.
+    watch_ranges: bool = False
     buckets: tuple[int, ...] = BUCKETS
 
     def __post_init__(self) -> None:
@@ -191,6 +196,18 @@ class Engine:
         # a base model embeds; one with a head predicts (packaged models state their class)
         cls = getattr(model, "model_class", type(model).__name__)
         self.task = "embed" if cls.endswith("Model") else "predict"
+        self.range_monitor: RangeMonitor | None = None
+        if self.config.watch_ranges:
+            if runner is not None:
+                raise SquantError("watch_ranges needs the eager model; this engine runs another")
+            monitor = RangeMonitor(self.model)
+            if not monitor.modules:
+                raise SquantError(
+                    "--watch-ranges: this model has no static int8 linears (a directory from "
+                    "squant quantize --mode static serves eagerly and has them)"
+                )
+            self.range_monitor = monitor.__enter__()  # hooks for the engine's lifetime
+            self.runner = monitor
 
     # -- admission (caller threads) ------------------------------------------------------
 
