@@ -77,5 +77,8 @@ def application(
         num_replicas=replicas,
         ray_actor_options={"num_cpus": cores_per_replica},
         max_queued_requests=max_queued_requests,
+        # one log line per request cost the 2-core test machine most of its throughput;
+        # squant's own /metrics count requests
+        logging_config={"enable_access_log": False, "log_level": "WARNING"},
     )
     return deployment.bind()
