@@ -181,3 +181,26 @@ def test_compiled_outlier_channels_fuse_into_elementwise_kernels():
     float_gemms = re.findall(r"(extern_kernels\.(?:mm|addmm)|mkldnn\._linear_pointwise)\(", code)
     assert len(float_gemms) <= 1  # the pooler's, if inductor keeps it as a GEMM
     assert cosine(last_hidden(q, inputs), out.last_hidden_state) >= 0.9999
+
+
+def test_cli_flags_set_the_outlier_fields():
+    import argparse
+
+    from squant.commands.common import add_config_arguments, config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser)
+    default = config_from_args(parser.parse_args([]))
+    assert (default.outlier_channels, default.outlier_sites, default.alpha_max) == (
+        4,
+        ("ffn_out",),
+        0.5,
+    )
+    argv = ["--outlier-sites", "qkv", "--outlier-sites", "ffn_out", "--outlier-channels", "8"]
+    config = config_from_args(parser.parse_args([*argv, "--alpha-max", "0.3"]))
+    assert (config.outlier_channels, config.outlier_sites, config.alpha_max) == (
+        8,
+        ("qkv", "ffn_out"),
+        0.3,
+    )
+    assert config_from_args(parser.parse_args(["--outlier-sites", "none"])).outlier_sites == ()
