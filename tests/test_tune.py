@@ -60,7 +60,8 @@ def test_tune_falls_back_the_fragile_layer_and_meets_the_budget():
     )
     full_loss = 100.0 - task.score(full, "full")["cosine_percent"]
     budget = full_loss / 2  # tighter than what full INT8 reaches
-    result = tune(task, TuneConfig(max_loss=budget, alphas=("auto",), max_fallback=3))
+    config = TuneConfig(max_loss=budget, alphas=("auto",), max_fallback=3, outlier_escalation=False)
+    result = tune(task, config)
     assert result.within_budget, result.lines()
     assert result.fallbacks[0].fell_back == FRAGILE
     assert FRAGILE in result.chosen.exclude
@@ -83,3 +84,22 @@ def test_tune_stops_at_the_first_candidate_within_budget():
 def test_tune_config_validation():
     with pytest.raises(squant.SquantError, match="percentage"):
         TuneConfig(max_loss=-1)
+
+
+def test_tune_escalates_to_outlier_channels_at_every_gemm_before_falling_back():
+    model = _fragile_model()
+    task = _cosine_task(model)
+    # a budget no candidate meets: every rung of the ladder is tried, in order
+    config = TuneConfig(max_loss=0.0, alphas=("auto",), max_fallback=1)
+    result = tune(task, config)
+    labels = [(a.config.mode, a.config.alpha, a.config.outlier_sites) for a in result.tried]
+    every = ("qkv", "attn_out", "ffn_in", "ffn_out")
+    assert labels[:6] == [
+        ("static", "auto", ("ffn_out",)),
+        ("dynamic", "auto", ("ffn_out",)),
+        ("static", "auto", every),
+        ("static", 0.0, every),
+        ("dynamic", "auto", every),
+        ("dynamic", 0.0, every),
+    ]
+    assert len(result.fallbacks) == 1  # then the fallback of the best candidate
