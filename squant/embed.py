@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 from .data import text_from_record
 from .errors import SquantError
 from .files import iter_jsonl
-from .serve.engine import Engine
+from .serve.engine import Engine, ServeConfig
 
 MANIFEST = "embed.json"
 FORMAT_VERSION = 1
@@ -150,10 +150,7 @@ def embed_file(
     normalize = engine.normalize_default if normalize is None else normalize
 
     def embed_shards(shards: list[list[str]]) -> list[torch.Tensor]:
-        vectors = [_embed(engine, texts) for texts in shards]
-        if normalize:
-            vectors = [torch.nn.functional.normalize(v, dim=-1) for v in vectors]
-        return vectors
+        return [embed_texts(engine, texts, normalize) for texts in shards]
 
     return write_shards(
         input_path,
@@ -240,11 +237,19 @@ def write_shards(
     return EmbedReport(rows, dim, shards, skipped, time.perf_counter() - t0, out)
 
 
-def _embed(engine: Engine, texts: list[str]) -> torch.Tensor:
-    """Rows in order, through the engine's batching (at most its queue bound at a time)."""
+def offline_config(**settings: Any) -> ServeConfig:
+    """The engine settings of bulk embedding (local or on Ray): nothing waits for an answer,
+    so nothing expires and no queued-time limit refuses work."""
+    return ServeConfig(max_queue=4096, timeout_s=1e9, max_queue_ms=0, **settings)
+
+
+def embed_texts(engine: Engine, texts: list[str], normalize: bool) -> torch.Tensor:
+    """[len(texts), dim] in order, through the engine's batching (at most its queue bound at
+    a time), L2-normalized when asked."""
     out: list[torch.Tensor] = []
     step = engine.config.max_queue
     for i in range(0, len(texts), step):
         futures = engine.submit(engine.tokenize(texts[i : i + step], truncate=True))
         out += [f.result() for f in futures]
-    return torch.stack(out)
+    vectors = torch.stack(out)
+    return torch.nn.functional.normalize(vectors, dim=-1) if normalize else vectors

@@ -34,9 +34,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .embed import EmbedReport, _embed, write_shards
+from .embed import EmbedReport, embed_texts, offline_config, write_shards
 from .errors import SquantError
-from .serve.engine import ServeConfig
 
 ROUND_ROWS = 50_000  # rows per Ray dataset of `squant embed --ray` (see embed_file_on_ray)
 
@@ -87,13 +86,8 @@ class SquantEmbedder:
             )
         self.cores = pinned
         self.text_column = text_column
-        config = ServeConfig(
-            instances=1,
-            cores_per_instance=len(pinned) or cores,
-            max_batch_tokens=max_batch_tokens,
-            max_queue=4096,
-            timeout_s=1e9,  # offline: nothing expires
-            max_queue_ms=0,
+        config = offline_config(
+            instances=1, cores_per_instance=len(pinned) or cores, max_batch_tokens=max_batch_tokens
         )
         self.engine = engine_for(model, config, pooling_from)
         if self.engine.task != "embed":
@@ -109,9 +103,7 @@ class SquantEmbedder:
                 f"batch has no column {self.text_column!r} (columns: {sorted(batch)})"
             )
         texts = [str(t) for t in batch[self.text_column]]
-        vectors = _embed(self.engine, texts)
-        if self.normalize:
-            vectors = torch.nn.functional.normalize(vectors, dim=-1)
+        vectors = embed_texts(self.engine, texts, self.normalize)
         return {**batch, "embedding": vectors.float().numpy()}
 
     def __del__(self) -> None:

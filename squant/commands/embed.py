@@ -36,8 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> None:
     from pathlib import Path
 
-    from ..embed import embed_file
-    from ..serve.engine import ServeConfig
+    from ..embed import embed_file, offline_config
     from ..serve.loading import engine_for
 
     if not Path(args.input).is_file():  # before minutes of loading
@@ -47,14 +46,11 @@ def run(args: argparse.Namespace) -> None:
     if args.ray:
         print(_run_on_ray(args).line())
         return
-    config = ServeConfig(
+    config = offline_config(
         instances=args.instances,
         cores_per_instance=args.cores_per_instance,
         max_batch_requests=args.max_batch_requests,
         max_batch_tokens=args.max_batch_tokens,
-        max_queue=4096,
-        timeout_s=1e9,  # offline: nothing waits for an answer, nothing expires
-        max_queue_ms=0,
     )
     engine = engine_for(args.model, config, args.pooling_from)
     engine.start(warm=False)
