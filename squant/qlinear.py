@@ -126,7 +126,6 @@ class QuantLinear(nn.Module):
         self.register_buffer("weight_scale", torch.ones(out_features))
         self.register_buffer("bias", torch.zeros(out_features) if bias else None)
         self.register_buffer("input_multiplier", torch.ones(in_features))
-        self.outliers = outliers
         self.register_buffer(
             "outlier_index", torch.zeros(outliers, dtype=torch.long) if outliers else None
         )
@@ -198,6 +197,11 @@ class QuantLinear(nn.Module):
             self.register_buffer(
                 "_static_multiplier", self.input_multiplier / self._x_scale, persistent=False
             )
+
+    @property
+    def outliers(self) -> int:
+        """How many input channels run in float beside the int8 GEMM (0: none)."""
+        return 0 if self.outlier_index is None else self.outlier_index.numel()
 
     def _packed(self) -> Tensor:
         # torch.export cannot carry the opaque packed buffer: exported graphs pack the frozen
