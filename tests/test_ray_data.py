@@ -97,3 +97,16 @@ def test_embed_command_on_ray(base_dir, tmp_path, capsys):
     # the same directory resumes locally: the manifest records the same model name
     assert main(args) == 0
     assert "3 already there" in capsys.readouterr().out
+
+
+def test_an_unreachable_ray_address_is_one_line(base_dir, tmp_path, capsys, monkeypatch):
+    def unreachable(**_kw):
+        raise ConnectionError("Failed to connect to Ray cluster at 192.0.2.1:1")
+
+    monkeypatch.setattr(ray, "init", unreachable)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("a\nb\n")
+    argv = ["embed", str(base_dir), str(corpus), "--out", str(tmp_path / "o"), "--ray"]
+    assert main([*argv, "--ray-address", "192.0.2.1:1"]) != 0
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "cannot reach the Ray cluster at 192.0.2.1:1" in err

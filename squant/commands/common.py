@@ -102,3 +102,16 @@ def load_any(name: str) -> Any:
     from ..models import load_model
 
     return random_model(name) if is_builtin(name) else load_model(name, task="base")
+
+
+def ray_init(address: str | None, **options: Any) -> None:
+    """ray.init, with an unreachable --ray-address as a one-line error (Ray raises a
+    ConnectionError with its traceback after its own retries)."""
+    import ray
+
+    from ..errors import SquantError
+
+    try:
+        ray.init(address=address, **options)
+    except ConnectionError as e:
+        raise SquantError(f"cannot reach the Ray cluster at {address}: {e}") from None

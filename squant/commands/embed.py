@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from .common import positive_int
+from .common import positive_int, ray_init
 
 if TYPE_CHECKING:
     from ..embed import EmbedReport
@@ -74,7 +74,7 @@ def _run_on_ray(args: argparse.Namespace) -> EmbedReport:
 
     started = not ray.is_initialized()  # inside a Ray driver already: use its connection
     if started:
-        ray.init(address=args.ray_address, include_dashboard=False, log_to_driver=False)
+        ray_init(args.ray_address, include_dashboard=False, log_to_driver=False)
     try:
         actors = args.actors or max(
             1, int(ray.cluster_resources().get("CPU", 1)) // args.cores_per_actor

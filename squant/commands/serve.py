@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import SquantError
-from .common import positive_float, positive_int
+from .common import positive_float, positive_int, ray_init
 
 if TYPE_CHECKING:
     from ..serve.engine import Engine, ServeConfig
@@ -161,10 +161,9 @@ def _run_ray(args: argparse.Namespace) -> None:
         args.calib,
         args.max_queued_requests,
     )
-    import ray
     from ray import serve
 
-    ray.init(address=args.ray_address)
+    ray_init(args.ray_address)
     serve.start(http_options={"host": args.host, "port": args.port})
     print(f"{args.replicas} replica(s) x {cores} core(s) on Ray; http://{args.host}:{args.port}")
     serve.run(app, blocking=True)
