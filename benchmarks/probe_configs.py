@@ -1,7 +1,9 @@
 """The SNLI linear probe of the real all-MiniLM-L6-v2 for several SmoothQuantConfigs side by
 side (one process, one probe, one FP32 reference): accuracy, agreement with FP32's labels,
-and embedding cosine (mean, worst pair). Default: today's defaults against the same mode
-without float outlier channels and with the alpha search up to 1 (the defaults before).
+accuracy minus FP32's on the same pairs with its 95% interval, and embedding cosine (mean,
+worst pair). Today's defaults against each mode without float outlier channels and with the
+alpha search up to 1 (the defaults before issue 12), and dynamic with static's alpha search
+and outlier site (its defaults before they became per mode).
 
     python benchmarks/probe_configs.py [--snli-dir .cache/snli] [--test-pairs all]
 """
@@ -27,6 +29,9 @@ CONFIGS = {
         mode="static", outlier_channels=0, alpha_max=1.0
     ),
     "dynamic (defaults)": squant.SmoothQuantConfig(mode="dynamic"),
+    "dynamic, alpha auto<=0.5, outliers at ffn_out": squant.SmoothQuantConfig(
+        mode="dynamic", alpha="auto", outlier_sites=("ffn_out",)
+    ),
     "dynamic, no outlier channels, alpha<=1": squant.SmoothQuantConfig(
         mode="dynamic", outlier_channels=0, alpha_max=1.0
     ),
@@ -59,7 +64,7 @@ def main() -> None:
         [
             name,
             f"{r['accuracy']:.2f}",
-            f"{r['accuracy'] - fp32:+.2f}",
+            f"{r['accuracy'] - fp32:+.2f} ± {r['accuracy_delta_ci95']:.2f}",
             f"{r['agreement']:.2f}",
             f"{r['embedding_cosine']:.5f}",
             f"{r['cosine_min']:.4f}",
@@ -67,7 +72,7 @@ def main() -> None:
         for name, r in results.items()
     ]
     print(f"all-MiniLM-L6-v2, SNLI 1.0 test, {task.n_scored} pairs, linear probe on FP32 features")
-    headers = ["variant", "accuracy %", "vs fp32", "agrees w/ fp32 %", "cosine", "worst"]
+    headers = ["variant", "accuracy %", "vs fp32 (95% CI)", "agrees w/ fp32 %", "cosine", "worst"]
     print(format_table(headers, rows))
     if args.json:
         configs = {n: c.to_dict() for n, c in CONFIGS.items()}

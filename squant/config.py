@@ -17,6 +17,18 @@ ACT_RANGES: tuple[str, ...] = ("minmax", "percentile")
 # a handful of channels carry BERT's outliers; more would turn the float side GEMM into real work
 MAX_OUTLIER_CHANNELS = 64
 
+# What `alpha` and `outlier_sites` mean when left at None: each mode's best worst-case on real
+# all-MiniLM-L6-v2 (benchmarks/stress.py; README "Static INT8 on every input"). Static keeps
+# the searched alpha and one float-outlier site (FFN-out), at no measurable latency. Dynamic
+# quantizes every token with its own scale, so smoothing only has channel outliers left to
+# fix, and the float outlier channels fix those exactly: alpha 0 with them at Q|K|V, FFN-in
+# and FFN-out held every stress input at >= 0.996, where the searched alpha with FFN-out only
+# fell to 0.989 on a 512-token repeat.
+MODE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "static": {"alpha": "auto", "outlier_sites": ("ffn_out",)},
+    "dynamic": {"alpha": 0.0, "outlier_sites": ("qkv", "ffn_in", "ffn_out")},
+}
+
 
 @dataclass(frozen=True)
 class SmoothQuantConfig:
@@ -25,8 +37,10 @@ class SmoothQuantConfig:
     mode: "static" uses one activation scale/zero-point per linear input, fixed at calibration;
         "dynamic" computes a symmetric scale per token at run time.
     alpha: SmoothQuant migration strength in [0, 1]; s = max|X|^a / max|W|^(1-a) per input
-        channel. 0 means plain W8A8 (no smoothing). "auto" searches it per linear (0 to 1 in
-        steps of 0.05) for the smallest int8 output error on a sample of calibration tokens.
+        channel. 0 means plain W8A8 (no smoothing). "auto" searches it per linear (0 to
+        alpha_max in steps of 0.05) for the smallest int8 output error on a sample of
+        calibration tokens. None (default): the mode's default, "auto" for static, 0 for
+        dynamic (MODE_DEFAULTS).
     act_range: static only. "minmax" takes the calibrated range; "percentile" clips it to the
         given percentile of a (memory-bounded) histogram of the smoothed activations, so a
         handful of extreme tokens do not spend the 8-bit grid.
@@ -44,27 +58,32 @@ class SmoothQuantConfig:
         multiplied in float32 beside the int8 GEMM instead of inside it, so they neither widen
         the int8 grid of every other channel nor force the smoothing to push them into the
         weights. 0 turns it off.
-    outlier_sites: the kinds of GEMM that get outlier channels. Default FFN-out, whose input
-        (the GELU output) carried the worst-case error on real MiniLM; every site helps
-        dynamic mode a little more, for more latency (benchmarks/outlier_cost.py).
+    outlier_sites: the kinds of GEMM that get outlier channels. None (default): the mode's
+        default (MODE_DEFAULTS), FFN-out for static, whose input (the GELU output) carried the
+        worst-case error on real MiniLM; Q|K|V, FFN-in and FFN-out for dynamic. Each site
+        costs a little latency (benchmarks/outlier_cost.py).
     alpha_max: the largest alpha the "auto" search may pick. Above 0.5 the search fitted the
         calibration set's channel profile and lost worst-case accuracy on inputs unlike it.
     """
 
     mode: Mode = "static"
-    alpha: float | Literal["auto"] = "auto"
+    alpha: float | Literal["auto"] | None = None
     act_range: ActRange = "minmax"
     percentile: float = 99.99
     exclude: tuple[str, ...] = ()
     search_tokens: int = 512
     dynamic_sites: tuple[str, ...] = ("attn_out", "ffn_out")
     outlier_channels: int = 4
-    outlier_sites: tuple[str, ...] = ("ffn_out",)
+    outlier_sites: tuple[str, ...] | None = None
     alpha_max: float = 0.5
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise SquantError(f"mode must be one of {MODES}, got {self.mode!r}")
+        # None: the mode's default, resolved here so every saved config states what ran
+        for name, value in MODE_DEFAULTS[self.mode].items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, value)
         if self.alpha != "auto":
             if isinstance(self.alpha, bool) or not isinstance(self.alpha, int | float):
                 raise SquantError(f"alpha must be a number in [0, 1] or 'auto', got {self.alpha!r}")
@@ -89,7 +108,7 @@ class SmoothQuantConfig:
         object.__setattr__(self, "percentile", float(self.percentile))
         object.__setattr__(self, "exclude", tuple(self.exclude))
         for name in ("dynamic_sites", "outlier_sites"):
-            kinds = tuple(getattr(self, name))
+            kinds = tuple(getattr(self, name) or ())
             object.__setattr__(self, name, kinds)
             unknown = set(kinds) - set(SITE_KINDS)
             if unknown:
@@ -108,7 +127,7 @@ class SmoothQuantConfig:
         d = dataclasses.asdict(self)
         d["exclude"] = list(self.exclude)
         d["dynamic_sites"] = list(self.dynamic_sites)
-        d["outlier_sites"] = list(self.outlier_sites)
+        d["outlier_sites"] = list(self.outlier_sites or ())
         return d
 
     @classmethod
@@ -118,4 +137,5 @@ class SmoothQuantConfig:
         if unknown:
             raise SquantError(f"unknown SmoothQuantConfig fields {sorted(unknown)}")
         # saved before these fields existed: no float outlier channels, alpha searched to 1
+        # (and before per-mode defaults every saved config named its alpha and sites)
         return cls(**{"outlier_channels": 0, "alpha_max": 1.0, **d})

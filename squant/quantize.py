@@ -115,7 +115,9 @@ def outlier_channels(
     k = config.outlier_channels
     out: dict[str, Tensor] = {}
     for site in sites:
-        if k == 0 or site.kind not in config.outlier_sites:
+        if k == 0 or site.kind not in (
+            config.outlier_sites or ()
+        ):  # None only before the config resolves it
             continue
         absmax = stats[site.name].range.absmax
         out[site.name] = absmax.topk(min(k, absmax.numel())).indices.sort().values
@@ -304,7 +306,8 @@ def quantize(
     sample = config.search_tokens if auto else 0
     stats = _observe(model, names, lambda: SiteStats(sample), batches, "calibrating", progress)
     outliers = outlier_channels(stats, sites, config)
-    chooser = searched_alpha(stats, config, outliers) if auto else fixed_alpha(float(config.alpha))
+    fixed = float(config.alpha) if isinstance(config.alpha, int | float) else 0.0
+    chooser = searched_alpha(stats, config, outliers) if auto else fixed_alpha(fixed)
     multipliers, alphas = _apply_smoothing(model, layout, sites, stats, chooser, outliers)
     for st in stats.values():
         st.sample = st.extremes = None  # free the token samples before the next pass

@@ -1,10 +1,11 @@
 """`squant tune`: the fastest INT8 configuration whose accuracy loss fits a budget.
 
 1. Score FP32 on the task (the reference).
-2. Try candidates in speed order: static then dynamic, each with per-layer auto alpha and a
-   global alpha grid; then (outlier_escalation) each mode with float outlier channels at
-   every GEMM, alpha auto and 0 (slower: 0.85-0.93x, the most robust on unusual inputs,
-   README "Static INT8 that holds on unusual inputs"); the first within budget wins.
+2. Try candidates in speed order: static then dynamic, each with its defaults (static: per-layer
+   auto alpha; dynamic: alpha 0 with float outlier channels at three GEMMs) and a global alpha
+   grid; then (outlier_escalation) each mode with float outlier channels at every GEMM, alpha
+   auto and 0 (slower: 0.85-0.93x, the most robust on unusual inputs, README "Static INT8
+   that holds on unusual inputs"); the first within budget wins.
 3. Still over budget: rank the quantized linears by measured sensitivity (the output error
    when only that linear is int8, on the calibration batches) and fall back the most
    sensitive ones to float (BF16 under squant.compile) one at a time, re-scoring each time,
@@ -37,7 +38,7 @@ from .report import format_table
 @dataclass(frozen=True)
 class TuneConfig:
     """max_loss: allowed relative loss of the primary metric vs FP32, in percent (0.5 = 0.5%).
-    alphas: candidates besides "auto"; modes: in the order tried (static is the faster);
+    alphas: tried after each mode's defaults; modes: in the order tried (static is faster);
     max_fallback: at most this many linears go back to float; metric: the one the budget
     applies to (default: the task's first); outlier_escalation: try outlier channels at
     every GEMM before falling back linears to float."""
@@ -225,11 +226,14 @@ def tune(
     def result(q: nn.Module, qconfig: SmoothQuantConfig, **rest: Any) -> TuneResult:
         return TuneResult(q, metric, fp32, qconfig, tried=tried, config=config, **rest)
 
-    candidates = [
-        (SmoothQuantConfig(mode=mode, alpha=alpha), f"{mode} alpha={alpha}")  # type: ignore[arg-type]
-        for mode in config.modes
-        for alpha in config.alphas
-    ]
+    candidates: list[tuple[SmoothQuantConfig, str]] = []
+    for mode in config.modes:  # each mode's defaults first, then its alpha grid
+        defaults = SmoothQuantConfig(mode=mode)  # type: ignore[arg-type]
+        candidates.append((defaults, f"{mode} defaults (alpha={defaults.alpha})"))
+        candidates += [
+            (SmoothQuantConfig(mode=mode, alpha=alpha), f"{mode} alpha={alpha}")  # type: ignore[arg-type]
+            for alpha in config.alphas
+        ]
     if config.outlier_escalation:
         candidates += [
             (
@@ -239,8 +243,11 @@ def tune(
             for mode in config.modes
             for alpha in ("auto", 0.0)
         ]
-    best: tuple[nn.Module, float, SmoothQuantConfig] | None = None
+    unique: dict[SmoothQuantConfig, str] = {}  # a grid alpha may equal a mode's defaults
     for qconfig, label in candidates:
+        unique.setdefault(qconfig, label)
+    best: tuple[nn.Module, float, SmoothQuantConfig] | None = None
+    for qconfig, label in unique.items():
         q, loss = attempt(qconfig, label)
         if best is None or loss < best[1]:
             best = (q, loss, qconfig)

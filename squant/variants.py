@@ -92,7 +92,7 @@ class BuildContext:
     """
 
     calibration: Sequence[Mapping[str, Tensor]] = ()
-    alpha: float | str = "auto"
+    alpha: float | str | None = None  # None: the mode's default
     example_inputs: Mapping[str, Tensor] | None = None
     buckets: tuple[int, ...] | None = None
     float_dtype: str = "auto"

@@ -51,6 +51,33 @@ def test_accuracy_and_relative_loss():
     assert relative_loss(86.0, 86.5) == pytest.approx(100 * 0.5 / 86.5)
 
 
+def test_paired_accuracy_delta_and_its_interval():
+    import torch
+
+    from squant.eval.probe import paired_accuracy_delta
+
+    gold = torch.zeros(400, dtype=torch.long)
+    ref = gold.clone()
+    same = paired_accuracy_delta(ref, ref, gold)
+    assert same == {"accuracy_delta": 0.0, "accuracy_delta_ci95": 0.0}
+    worse = ref.clone()
+    worse[:40] = 1  # 40 of 400 pairs now wrong: -10 points, far outside the noise
+    d = paired_accuracy_delta(worse, ref, gold)
+    assert d["accuracy_delta"] == pytest.approx(-10.0)
+    # d is 0 or -1 with p = 0.1: std 0.3 -> 1.96 * 0.3 / 20 = 2.94 points
+    assert d["accuracy_delta_ci95"] == pytest.approx(2.94, abs=0.02)
+    flips = ref.clone()
+    flips[:4] = 1  # 4 lost ...
+    flips[4:6] = 1
+    gold2 = gold.clone()
+    gold2[4:6] = 1  # ... and 2 of FP32's mistakes fixed: -0.5 points, inside the noise
+    r = paired_accuracy_delta(flips, ref, gold2)
+    assert r["accuracy_delta"] == pytest.approx(-0.5)
+    assert r["accuracy_delta_ci95"] > abs(r["accuracy_delta"])
+    with pytest.raises(ValueError, match="equal shapes"):
+        paired_accuracy_delta(ref[:3], ref, gold)
+
+
 def test_cosine_tail_reports_the_worst_rows():
     import torch
 

@@ -89,14 +89,16 @@ def test_tune_config_validation():
 def test_tune_escalates_to_outlier_channels_at_every_gemm_before_falling_back():
     model = _fragile_model()
     task = _cosine_task(model)
-    # a budget no candidate meets: every rung of the ladder is tried, in order
+    # a budget no candidate meets: every rung of the ladder is tried once, in order
     config = TuneConfig(max_loss=0.0, alphas=("auto",), max_fallback=1)
     result = tune(task, config)
     labels = [(a.config.mode, a.config.alpha, a.config.outlier_sites) for a in result.tried]
     every = ("qkv", "attn_out", "ffn_in", "ffn_out")
-    assert labels[:6] == [
-        ("static", "auto", ("ffn_out",)),
-        ("dynamic", "auto", ("ffn_out",)),
+    three = ("qkv", "ffn_in", "ffn_out")
+    assert labels[:7] == [
+        ("static", "auto", ("ffn_out",)),  # static's defaults; its alpha "auto" is the same
+        ("dynamic", 0.0, three),  # dynamic's defaults
+        ("dynamic", "auto", three),
         ("static", "auto", every),
         ("static", 0.0, every),
         ("dynamic", "auto", every),

@@ -13,7 +13,7 @@ from ..config import ACT_RANGES, MODES, SITE_KINDS, SmoothQuantConfig
 CONFIG_HELP = {
     "mode": "static: per-tensor activation scales from calibration; dynamic: per-token at run time",
     "alpha": "SmoothQuant migration strength in [0, 1] (0 = no smoothing), or 'auto' to search "
-    "it per layer",
+    "it per layer (default: auto for static, 0 for dynamic)",
     "act_range": "static activation range: calibrated min/max, or a percentile of a histogram",
     "percentile": "percentile kept by --act-range percentile",
     "exclude": "module-name pattern to keep in float (repeatable), e.g. '*.layer.5.output.dense'",
@@ -23,7 +23,8 @@ CONFIG_HELP = {
     "ffn_out)",
     "outlier_channels": "input channels per linear (the largest calibrated ones) multiplied in "
     "float beside the int8 GEMM; 0 = none",
-    "outlier_sites": "a GEMM kind that gets --outlier-channels (repeatable; default ffn_out)",
+    "outlier_sites": "a GEMM kind that gets --outlier-channels (repeatable; 'none' = no site; "
+    "default ffn_out for static, qkv, ffn_in and ffn_out for dynamic)",
     "alpha_max": "the largest alpha --alpha auto may choose",
 }
 

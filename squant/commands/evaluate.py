@@ -27,7 +27,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="comma list of PRECISION[-RUNTIME]: fp32|bf16|static|dynamic, optionally -compiled "
         "(squant.compile) or -pt2 (the exported package), e.g. fp32,static,static-pt2",
     )
-    p.add_argument("--alpha", type=parse_alpha, default="auto")
+    p.add_argument(
+        "--alpha", type=parse_alpha, default=None, help="default: auto (static), 0 (dynamic)"
+    )
     p.add_argument(
         "--limit", type=positive_int, default=None, help="score only the first N examples"
     )
@@ -57,7 +59,8 @@ def run(args: argparse.Namespace) -> None:
         settings,
     )
     headers = ["variant", *record["metrics"], "loss vs fp32"]
-    print(f"{args.task} on {record['n_scored']} examples of {args.data}; alpha={args.alpha}")
+    alpha = "each mode's default" if args.alpha is None else args.alpha
+    print(f"{args.task} on {record['n_scored']} examples of {args.data}; alpha={alpha}")
     print(format_table(headers, format_results(record)))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

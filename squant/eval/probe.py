@@ -120,6 +120,18 @@ def accuracy(pred: Tensor, gold: Tensor) -> float:
     return 100.0 * float((pred == gold).float().mean())
 
 
+def paired_accuracy_delta(pred: Tensor, ref_pred: Tensor, gold: Tensor) -> dict[str, float]:
+    """Accuracy of pred minus that of ref_pred on the same examples, in points, with the
+    half-width of its 95% confidence interval (normal approximation of the paired
+    difference). Two INT8 variants a few tenths apart differ in which near-boundary pairs
+    flip, not in quality, unless the interval excludes 0."""
+    if not pred.shape == ref_pred.shape == gold.shape or pred.numel() < 2:
+        raise ValueError(f"need equal shapes of >= 2 examples, got {pred.shape}, {ref_pred.shape}")
+    d = (pred == gold).double() - (ref_pred == gold).double()
+    half = 1.96 * float(d.std()) / d.numel() ** 0.5
+    return {"accuracy_delta": 100.0 * float(d.mean()), "accuracy_delta_ci95": 100.0 * half}
+
+
 def mean_cosine(a: Tensor, b: Tensor) -> float:
     """Mean over rows of cos(a_i, b_i)."""
     return float(nn.functional.cosine_similarity(a.float(), b.float(), dim=-1).mean())

@@ -25,7 +25,15 @@ from ..errors import SquantError
 from ..mappings import max_positions
 from ..models import load_model, load_tokenizer
 from .nli import NLI_LABELS, Pairs, read_nli
-from .probe import LinearProbe, accuracy, cosine_tail, embed, mean_cosine, pair_features
+from .probe import (
+    LinearProbe,
+    accuracy,
+    cosine_tail,
+    embed,
+    mean_cosine,
+    pair_features,
+    paired_accuracy_delta,
+)
 from .task import Task, score_variants
 
 
@@ -126,6 +134,8 @@ def prepare_probe(
             # the share of pairs labelled as FP32 labels them: fidelity without the noise of
             # which near-boundary pairs happen to flip towards or away from the gold label
             "agreement": accuracy(predicted, reference["labels"]),
+            # accuracy minus FP32's on the same pairs, and whether that is more than noise
+            **paired_accuracy_delta(predicted, reference["labels"], gold),
             "embedding_cosine": mean_cosine(emb, reference["fp32"]),
             **cosine_tail(emb, reference["fp32"]),
             "sentences_per_second": 2 * len(test_pairs) / seconds,

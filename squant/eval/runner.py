@@ -181,7 +181,7 @@ def evaluate(
     task: str,
     data: str | Path,
     variants: str | tuple[str, ...] = ("fp32", "static", "dynamic"),
-    alpha: float | str = "auto",
+    alpha: float | str | None = None,
     limit: int | None = None,
     calib: str | Path | None = None,
     train: str | Path | None = None,

@@ -36,7 +36,7 @@ class Task:
 def score_variants(
     t: Task,
     variants: str | tuple[str, ...],
-    alpha: float | str = "auto",
+    alpha: float | str | None = None,
     progress: bool = True,
     workdir: str | Path | None = None,
 ) -> dict[str, dict[str, float]]:
