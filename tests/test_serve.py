@@ -201,6 +201,41 @@ def test_queued_work_over_max_queue_ms_is_429_with_its_wait(tokenizer):
         ServeConfig(malloc_arenas=-1)
 
 
+def test_overload_is_refused_at_the_front_door_before_the_body_is_read(tokenizer, monkeypatch):
+    """While the queue is over its time limit, inference routes answer 429 from the headers
+    alone: a body that would be a 422 (not JSON) is never read, and neither tokenizing nor
+    validation runs. Other routes, and the same request once the queue drains, are served."""
+    model = tiny_model("bert", vocab_size=len(tokenizer))
+    config = ServeConfig(instances=1, cores_per_instance=1, max_queue=1000, max_queue_ms=50)
+    engine = Engine(model, tokenizer, config)
+    engine.ready = True  # workers not started: the queue only fills
+    engine._tokens_per_s = 1000.0
+    client = TestClient(create_app(engine))
+    for _ in range(4):
+        engine.submit(engine.tokenize(["a"]))  # 64 ms of work queued: over the 50 ms limit
+    assert engine.refusal() is not None
+    tokenized = []
+    monkeypatch.setattr(engine, "tokenize", lambda *a, **k: tokenized.append(a))
+    for route in ("/embed", "/v1/embeddings", "/predict"):
+        r = client.post(route, content=b"{not json")
+        assert r.status_code == 429, (route, r.text)
+        assert r.json()["error_type"] == "overloaded" and r.headers["retry-after"] == "1"
+    assert tokenized == []
+    assert client.post("/tokenize", content=b"{not json").status_code == 422  # not queued work
+    assert client.get("/ready").status_code == 200
+    engine._queue.clear()
+    engine._queued_tokens = 0
+    assert engine.refusal() is None
+    assert client.post("/embed", content=b"{not json").status_code == 422  # parsed again
+    text = client.get("/metrics").text
+    assert 'squant_requests_total{route="/embed",status="429"} 1.0' in text
+    client.get("/no/such/route/1")
+    client.get("/no/such/route/2")
+    text = client.get("/metrics").text
+    assert 'route="unmatched",status="404"} 2.0' in text  # one label for every unknown path
+    assert "/no/such/route" not in text
+
+
 def test_ready_health_info_metrics(tokenizer, embedder):
     model = tiny_model("bert", vocab_size=len(tokenizer))
     cold = Engine(model, tokenizer, ServeConfig(instances=1, cores_per_instance=1))

@@ -37,8 +37,11 @@ from ..data import Text
 from ..mappings import hf_config
 from ..record import record_of
 from .engine import DeadlineExceededError, Engine, OverloadedError
+from .front_door import FrontDoor
 
 MAX_BODY_BYTES = 2 * 2**20
+# the routes that queue inference work: refused at the front door while overloaded
+INFERENCE_ROUTES = frozenset({"/embed", "/v1/embeddings", "/predict"})
 
 
 class EmbedRequest(BaseModel):
@@ -128,20 +131,16 @@ def create_app(engine: Engine, model_name: str = "squant", grace_s: float = 30.0
             status_code=422,
         )
 
-    @app.middleware("http")
-    async def _count(request: Request, call_next: Any) -> Any:
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
-            response = JSONResponse(
-                {"error": f"body over {MAX_BODY_BYTES} bytes", "error_type": "payload_too_large"},
-                status_code=413,
-            )
-        else:
-            t0 = time.perf_counter()
-            response = await call_next(request)
-            m["total"].observe(time.perf_counter() - t0)
-        m["requests"].labels(request.url.path, str(response.status_code)).inc()
-        return response
+    known_routes: set[str] = set()  # filled once every route below is declared
+    app.add_middleware(
+        FrontDoor,  # type: ignore[arg-type]
+        engine=engine,
+        inference_routes=INFERENCE_ROUTES,
+        known_routes=known_routes,
+        requests=m["requests"],
+        seconds=m["total"],
+        max_body_bytes=MAX_BODY_BYTES,
+    )
 
     def _checked(items: list[Text]) -> list[Text]:
         if not items:
@@ -308,6 +307,7 @@ def create_app(engine: Engine, model_name: str = "squant", grace_s: float = 30.0
                 )
         return PlainTextResponse(generate_latest(registry).decode() + extra)
 
+    known_routes.update(getattr(r, "path", "") for r in app.routes)
     return app
 
 
