@@ -236,6 +236,33 @@ def test_overload_is_refused_at_the_front_door_before_the_body_is_read(tokenizer
     assert "/no/such/route" not in text
 
 
+@pytest.mark.parametrize("idle_trim_s", [0.05, 0.0])
+def test_an_idle_engine_trims_its_heap_once_after_work(tokenizer, idle_trim_s):
+    import time
+
+    model = tiny_model("bert", vocab_size=len(tokenizer))
+    config = ServeConfig(instances=1, cores_per_instance=1, idle_trim_s=idle_trim_s)
+    engine = Engine(model, tokenizer, config)
+    engine.start(warm=False)
+    try:
+
+        def run_one():
+            for f in engine.submit(engine.tokenize(["a few words"])):
+                f.result(timeout=30)
+
+        run_one()
+        time.sleep(0.4)  # idle 8x longer than idle_trim_s: one trim, not one per wait
+        assert engine.trims == (1 if idle_trim_s else 0)
+        run_one()  # the worker still serves after trimming (or after idle waits without)
+        time.sleep(0.4)
+        assert engine.trims == (2 if idle_trim_s else 0)
+        assert engine.healthy()
+    finally:
+        engine.stop(1.0)
+    with pytest.raises(squant.SquantError, match="idle_trim_s"):
+        ServeConfig(idle_trim_s=-1)
+
+
 def test_ready_health_info_metrics(tokenizer, embedder):
     model = tiny_model("bert", vocab_size=len(tokenizer))
     cold = Engine(model, tokenizer, ServeConfig(instances=1, cores_per_instance=1))

@@ -133,7 +133,7 @@ def create_app(engine: Engine, model_name: str = "squant", grace_s: float = 30.0
 
     known_routes: set[str] = set()  # filled once every route below is declared
     app.add_middleware(
-        FrontDoor,  # type: ignore[arg-type]
+        FrontDoor,
         engine=engine,
         inference_routes=INFERENCE_ROUTES,
         known_routes=known_routes,
@@ -297,6 +297,7 @@ def create_app(engine: Engine, model_name: str = "squant", grace_s: float = 30.0
                 f"squant_deadline_dropped_total {s.dropped_deadline}\n"
                 f"squant_queue_seconds_total {s.queue_seconds}\n"
                 f"squant_inference_seconds_total {s.inference_seconds}\n"
+                f"squant_heap_trims_total {engine.trims}\n"
             )
         if engine.range_monitor is not None:  # --watch-ranges: the drift alarm
             for name, r in engine.range_monitor.report().items():

@@ -82,6 +82,10 @@ class ServeConfig:
     # drift alarm on /metrics; squant.monitor.RangeMonitor). Eager models only; costs one
     # min/max per token and static linear.
     watch_ranges: bool = False
+    # after this long with nothing to run (and work run before it), hand the heap's free
+    # pages back to the OS (glibc malloc_trim): a burst's big batches otherwise leave RSS at
+    # their peak for good. An idle gap that short is rare under steady load. 0: never.
+    idle_trim_s: float = 0.5
     buckets: tuple[int, ...] = BUCKETS
 
     def __post_init__(self) -> None:
@@ -95,6 +99,8 @@ class ServeConfig:
             raise SquantError(f"max_queue_ms must be >= 0, got {self.max_queue_ms}")
         if self.malloc_arenas < 0:
             raise SquantError(f"malloc_arenas must be >= 0, got {self.malloc_arenas}")
+        if self.idle_trim_s < 0:
+            raise SquantError(f"idle_trim_s must be >= 0, got {self.idle_trim_s}")
 
 
 @dataclass
@@ -209,6 +215,8 @@ class Engine:
         self._local = threading.local()
         self._workers: list[threading.Thread] = []
         self._stopping = False
+        self._ran_since_trim = False  # work ran since the heap was last trimmed
+        self.trims = 0
         self.ready = False
         self.draining = False
         self.quantize_report: Any = None  # set when the model was quantized at start-up
@@ -332,24 +340,44 @@ class Engine:
     # -- workers -------------------------------------------------------------------------
 
     def _take_batch(self) -> list[_Sequence] | None:
+        """The next batch; None when stopping; [] after trimming the heap of an idle engine."""
+        trim_after = self.config.idle_trim_s
+        batch: list[_Sequence] | None = None
         with self._cond:
             while not self._queue and not self._stopping:
-                self._cond.wait(0.5)
-            if not self._queue:
-                return None
-            now = time.perf_counter()
-            first = self._queue.popleft()
-            batch = [first]
-            limit = min(
-                self.config.max_batch_requests,
-                max(1, self.config.max_batch_tokens // first.bucket),
-            )
-            kept: deque[_Sequence] = deque()
-            while self._queue and len(batch) < limit:
-                s = self._queue.popleft()
-                (batch if s.bucket == first.bucket else kept).append(s)
-            self._queue.extendleft(reversed(kept))
-            self._queued_tokens -= sum(s.bucket for s in batch)
+                timed_out = not self._cond.wait(trim_after or 0.5)
+                if timed_out and trim_after and self._ran_since_trim:
+                    self._ran_since_trim = False  # idle after work: trim once, outside the lock
+                    self.trims += 1
+                    break
+            else:
+                if not self._queue:
+                    return None
+                batch = self._pop_batch()
+        if batch is None:
+            release_free_memory()
+            return []
+        return self._live(batch)
+
+    def _pop_batch(self) -> list[_Sequence]:
+        """The oldest sequence and more of its bucket, up to the batch limits (lock held)."""
+        first = self._queue.popleft()
+        batch = [first]
+        limit = min(
+            self.config.max_batch_requests,
+            max(1, self.config.max_batch_tokens // first.bucket),
+        )
+        kept: deque[_Sequence] = deque()
+        while self._queue and len(batch) < limit:
+            s = self._queue.popleft()
+            (batch if s.bucket == first.bucket else kept).append(s)
+        self._queue.extendleft(reversed(kept))
+        self._queued_tokens -= sum(s.bucket for s in batch)
+        return batch
+
+    def _live(self, batch: list[_Sequence]) -> list[_Sequence]:
+        """The batch without sequences whose client left or whose deadline passed."""
+        now = time.perf_counter()
         live = []
         for s in batch:
             if s.future.cancelled():  # the client went away: never run
@@ -385,6 +413,7 @@ class Engine:
         # every worker runs at about this speed: the engine's is instances times it
         rate = mask.numel() / max(elapsed, 1e-6) * self.placement.instances
         with self._cond:
+            self._ran_since_trim = True
             old = self._tokens_per_s
             self._tokens_per_s = rate if old is None else 0.8 * old + 0.2 * rate
         with self.stats.lock:
