@@ -11,6 +11,9 @@ of *that* request's text, not a neighbour's in the batch). Reports per rate: thr
 successful responses, latency p50/p90/p99, responses by HTTP code, mismatches, connection
 errors; JSON plus a table, and a latency-vs-load plot.
 
+--closed N measures the peak instead: N clients, each sending its next request when its last
+returns (nobody is refused, so no CPU goes to 429s), for comparison with `squant bench`.
+
 --serve CMD starts the server itself (e.g. --serve "squant serve deploy/ --port 8080") and
 stops it afterwards; the script waits for GET /ready.
 """
@@ -74,6 +77,58 @@ async def references(client: httpx.AsyncClient, url: str, pool: list[str]) -> li
     return out
 
 
+async def send_one(
+    client: httpx.AsyncClient,
+    url: str,
+    text: str,
+    ref: list[float],
+    rec: dict,
+    min_cosine: float,
+    start: float,
+) -> None:
+    """One request; its code, latency, finish time and whether it matched go into rec."""
+    t0 = time.perf_counter()
+    try:
+        r = await client.post(f"{url}/embed", json={"inputs": text})
+    except httpx.HTTPError as e:
+        rec["error"] = type(e).__name__
+        return
+    rec["code"] = r.status_code
+    rec["ms"] = 1e3 * (time.perf_counter() - t0)
+    rec["done"] = round(time.perf_counter() - start, 4)
+    if r.status_code == 200:
+        rec["match"] = cosine(r.json()[0], ref) >= min_cosine
+
+
+async def run_closed(
+    client: httpx.AsyncClient,
+    url: str,
+    pool: list[str],
+    refs: list[list[float]],
+    clients: int,
+    duration: float,
+    min_cosine: float,
+    seed: int,
+) -> dict:
+    """Saturation: `clients` senders, each sending its next request as soon as its last is
+    answered, for `duration` s. The server always has work and nobody is refused, so the
+    throughput is its peak, comparable with `squant bench` at the same batch shape."""
+    rng = random.Random(seed)
+    records: list[dict] = []
+    start = time.perf_counter()
+    end = start + duration
+
+    async def sender() -> None:
+        while time.perf_counter() < end:
+            i = rng.randrange(len(pool))
+            rec = {"t": round(time.perf_counter() - start, 4), "phase": 0}
+            records.append(rec)
+            await send_one(client, url, pool[i], refs[i], rec, min_cosine, start)
+
+    await asyncio.gather(*(sender() for _ in range(clients)))
+    return {**summarize(records, 0.0, duration), "clients": clients}
+
+
 async def run_phases(
     client: httpx.AsyncClient,
     url: str,
@@ -90,17 +145,7 @@ async def run_phases(
     sent: list[dict] = []
 
     async def one(i: int, rec: dict) -> None:
-        t0 = time.perf_counter()
-        try:
-            r = await client.post(f"{url}/embed", json={"inputs": pool[i]})
-        except httpx.HTTPError as e:
-            rec["error"] = type(e).__name__
-            return
-        rec["code"] = r.status_code
-        rec["ms"] = 1e3 * (time.perf_counter() - t0)
-        rec["done"] = round(time.perf_counter() - start, 4)
-        if r.status_code == 200:
-            rec["match"] = cosine(r.json()[0], refs[i]) >= min_cosine
+        await send_one(client, url, pool[i], refs[i], rec, min_cosine, start)
 
     tasks = []
     start = time.perf_counter()
@@ -266,6 +311,13 @@ async def main_async(args: argparse.Namespace, pid: int | None) -> dict:
                 records = await run_phases(client, args.url, pool, refs, phases, args.min_cosine, 0)
             report = burst_report(records, phases, mem.samples)
             return {"url": args.url, "label": args.label, "pool": len(pool), "burst": report}
+        if args.closed:
+            # a short unmeasured run first: connections open, every batch shape seen
+            await run_closed(client, args.url, pool, refs, args.closed, 3.0, 0.0, 99)
+            row = await run_closed(
+                client, args.url, pool, refs, args.closed, args.duration, args.min_cosine, 0
+            )
+            return {"url": args.url, "label": args.label, "pool": len(pool), "results": [row]}
         rows = []
         for i, rate in enumerate(args.rates):
             rows.append(
@@ -297,6 +349,12 @@ def main() -> None:
         "the first rate again; reports codes, lost, p99 recovery and server memory",
     )
     p.add_argument("--burst-seconds", type=float, default=60.0)
+    p.add_argument(
+        "--closed",
+        type=int,
+        default=0,
+        help="closed loop instead: N clients back to back for --duration s (peak throughput)",
+    )
     p.add_argument("--server-pid", type=int, default=None, help="memory of this process")
     p.add_argument("--label", default="server")
     p.add_argument("--json", default=None)
@@ -319,7 +377,7 @@ def main() -> None:
         return
     rows = [
         [
-            f"{r['offered_rps']:.0f}",
+            f"closed {r['clients']}" if "clients" in r else f"{r['offered_rps']:.0f}",
             f"{r['throughput_rps']:.1f}",
             *(f"{r[k]:.0f}" if r[k] is not None else None for k in ("p50_ms", "p90_ms", "p99_ms")),
             " ".join(f"{c}:{n}" for c, n in sorted(r["codes"].items())),

@@ -128,6 +128,17 @@ def main() -> None:
             covered,
         ),
         "static (defaults)": (squant.SmoothQuantConfig(mode="static"), covered),
+        # dynamic before issue 12, then with static's alpha search and site (stop 12)
+        "dynamic, no outlier channels, alpha<=1": (
+            squant.SmoothQuantConfig(
+                mode="dynamic", alpha="auto", outlier_channels=0, alpha_max=1.0
+            ),
+            covered,
+        ),
+        "dynamic, alpha auto<=0.5, outliers at ffn_out": (
+            squant.SmoothQuantConfig(mode="dynamic", alpha="auto", outlier_sites=("ffn_out",)),
+            covered,
+        ),
         "dynamic (defaults)": (squant.SmoothQuantConfig(mode="dynamic"), covered),
         "dynamic, outliers at every site, alpha 0": (
             squant.SmoothQuantConfig(mode="dynamic", outlier_sites=every_site, alpha=0.0),
