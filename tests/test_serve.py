@@ -201,6 +201,37 @@ def test_queued_work_over_max_queue_ms_is_429_with_its_wait(tokenizer):
         ServeConfig(malloc_arenas=-1)
 
 
+def test_admitted_requests_still_tokenizing_count_as_queued_work(tokenizer):
+    """A burst can admit many requests while the queue is still short; until they queue
+    their sequences they count at the average request's size, so admission closes when the
+    work on its way exceeds max_queue_ms, not only the work already queued."""
+    import contextlib
+
+    model = tiny_model("bert", vocab_size=len(tokenizer))
+    config = ServeConfig(instances=1, cores_per_instance=1, max_queue=1000, max_queue_ms=50)
+    engine = Engine(model, tokenizer, config)
+    engine._tokens_per_s = 1000.0  # 16 ms per 16-token request
+    with engine.admitted() as first:
+        engine.submit(engine.tokenize(["a"]), first)  # the average request: 16 tokens
+    engine._queue.clear()
+    engine._queued_tokens = 0
+    assert engine.queue_seconds() == 0.0
+    with contextlib.ExitStack() as stack:
+        held = []
+        while len(held) < 4:
+            held.append(stack.enter_context(engine.admitted()))
+        with pytest.raises(OverloadedError, match="of work queued"):
+            stack.enter_context(engine.admitted())
+        assert len(held) == 4  # 3 on the way = 48 ms admits a 4th; 64 ms refuses the 5th
+        assert engine.queue_seconds() == pytest.approx(0.064)
+        engine.submit(engine.tokenize(["a"]), held[0])  # queued: counted by its real size
+        assert engine.queue_seconds() == pytest.approx(0.064)
+        with pytest.raises(OverloadedError):  # still 64 ms > 50 ms: its second submit waits
+            engine.submit(engine.tokenize(["a"]), held[0])
+        assert engine._unqueued == 3  # and did not count it off twice
+    assert engine._unqueued == 0 and engine.in_flight() == 0  # all released on the way out
+
+
 def test_overload_is_refused_at_the_front_door_before_the_body_is_read(tokenizer, monkeypatch):
     """While the queue is over its time limit, inference routes answer 429 from the headers
     alone: a body that would be a 422 (not JSON) is never read, and neither tokenizing nor

@@ -36,7 +36,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..data import Text
 from ..mappings import hf_config
 from ..record import record_of
-from .engine import DeadlineExceededError, Engine, OverloadedError
+from .engine import Admission, DeadlineExceededError, Engine, OverloadedError
 from .front_door import FrontDoor
 
 MAX_BODY_BYTES = 2 * 2**20
@@ -176,14 +176,14 @@ def create_app(engine: Engine, model_name: str = "squant", grace_s: float = 30.0
         if not engine.ready:
             raise ApiError(503, "not ready" if not engine.draining else "draining", "unavailable")
         try:
-            with engine.admitted():
-                return await _tokenize_and_run(texts, truncate)
+            with engine.admitted() as admission:
+                return await _tokenize_and_run(texts, truncate, admission)
         except OverloadedError as e:
             retry = str(max(1, math.ceil(e.retry_after_s)))
             raise ApiError(429, str(e), "overloaded", {"Retry-After": retry}) from None
 
     async def _tokenize_and_run(
-        texts: list[Text], truncate: bool
+        texts: list[Text], truncate: bool, admission: Admission
     ) -> tuple[list[torch.Tensor], int]:
         t0 = time.perf_counter()
         try:
@@ -192,7 +192,7 @@ def create_app(engine: Engine, model_name: str = "squant", grace_s: float = 30.0
             raise ApiError(422, str(e), "validation") from None
         m["tokenize"].observe(time.perf_counter() - t0)
         tokens = sum(len(ids) for ids, _ in encoded)
-        futures = engine.submit(encoded)  # OverloadedError: the queue's own limits
+        futures = engine.submit(encoded, admission)  # OverloadedError: the queue's limits
         try:
             rows = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
         except DeadlineExceededError as e:

@@ -113,6 +113,14 @@ class _Sequence:
     enqueued: float = field(default_factory=time.perf_counter)
 
 
+@dataclass
+class Admission:
+    """One admitted request. Until it queues its sequences it is counted as work on its way
+    (tokenizing, or waiting for a tokenizer thread) at the average request's size."""
+
+    queued: bool = False
+
+
 class Stats:
     """Counters the metrics endpoint reads (plain numbers, updated under one lock)."""
 
@@ -210,6 +218,8 @@ class Engine:
         self._queue: deque[_Sequence] = deque()
         self._queued_tokens = 0  # padded tokens waiting (bucket widths)
         self._in_flight = 0  # requests admitted and not yet answered
+        self._unqueued = 0  # of those, the ones that have not queued their sequences yet
+        self._tokens_per_request: float | None = None  # padded, moving average
         self._tokens_per_s: float | None = None  # all workers together, moving average
         self._cond = threading.Condition()
         self._local = threading.local()
@@ -263,8 +273,13 @@ class Engine:
             out.append((ids, list(enc["token_type_ids"]) if "token_type_ids" in enc else None))
         return out
 
-    def submit(self, encoded: list[tuple[list[int], list[int] | None]]) -> list[Future[Any]]:
-        """Queue sequences; returns one future per sequence (its output row)."""
+    def submit(
+        self,
+        encoded: list[tuple[list[int], list[int] | None]],
+        admission: Admission | None = None,
+    ) -> list[Future[Any]]:
+        """Queue sequences; returns one future per sequence (its output row). admission: the
+        request's, from admitted(): it stops counting as work on its way."""
         deadline = time.perf_counter() + self.config.timeout_s
         seqs = [
             _Sequence(ids, types, next(b for b in self.buckets if b >= len(ids)), deadline)
@@ -272,6 +287,11 @@ class Engine:
         ]
         tokens = sum(s.bucket for s in seqs)
         with self._cond:
+            if admission is not None and not admission.queued:
+                admission.queued = True  # counted by its real size from here (or refused)
+                self._unqueued -= 1
+            old = self._tokens_per_request
+            self._tokens_per_request = tokens if old is None else 0.9 * old + 0.1 * tokens
             self._refuse_if_busy()
             if len(self._queue) + len(seqs) > self.config.max_queue:
                 raise OverloadedError(f"queue full ({len(self._queue)} sequences waiting)")
@@ -305,21 +325,26 @@ class Engine:
         return None
 
     @contextlib.contextmanager
-    def admitted(self) -> Iterator[None]:
+    def admitted(self) -> Iterator[Admission]:
         """Hold a request's admission for its whole life (tokenize, queue, run). Refused
         (OverloadedError) before any work when max_concurrent requests are in flight or the
-        queued work already exceeds max_queue_ms: an overloaded server then spends nothing
-        on the requests it turns away, and nothing piles up outside the bounded queue."""
+        work queued *and on its way* already exceeds max_queue_ms: an overloaded server then
+        spends nothing on the requests it turns away, and nothing piles up outside the
+        bounded queue. Pass the yielded Admission to submit()."""
         with self._cond:
             self._refuse_if_busy()
             if self._in_flight >= self.config.max_concurrent:
                 raise OverloadedError(f"{self._in_flight} requests in flight")
             self._in_flight += 1
+            self._unqueued += 1
+        admission = Admission()
         try:
-            yield
+            yield admission
         finally:
             with self._cond:
                 self._in_flight -= 1
+                if not admission.queued:
+                    self._unqueued -= 1
 
     def healthy(self) -> bool:
         """Every worker thread started is still running (False once one has died, or after
@@ -330,9 +355,15 @@ class Engine:
         return self._in_flight
 
     def queue_seconds(self) -> float:
-        """Estimated time to run what is queued now, at the measured speed (0 before any)."""
+        """Estimated time to run what is queued now and what admitted requests still being
+        tokenized will queue (at the average request's size), at the measured speed (0
+        before any). Counting only the queue let a 3x burst admit hundreds of requests that
+        then waited for tokenizer threads, outside every bound, for seconds after the burst."""
         rate = self._tokens_per_s
-        return self._queued_tokens / rate if rate else 0.0
+        if not rate:
+            return 0.0
+        on_the_way = self._unqueued * (self._tokens_per_request or 0.0)
+        return (self._queued_tokens + on_the_way) / rate
 
     def queue_depth(self) -> int:
         return len(self._queue)
