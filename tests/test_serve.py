@@ -267,6 +267,32 @@ def test_overload_is_refused_at_the_front_door_before_the_body_is_read(tokenizer
     assert "/no/such/route" not in text
 
 
+@pytest.mark.parametrize("max_wait_ms", [1000.0, 0.0])
+def test_max_wait_ms_lets_a_short_batch_fill(tokenizer, max_wait_ms):
+    """One sequence arrives, three more of its bucket 50 ms later: with a wait they join its
+    batch (one batch of 4); without, the first runs alone at once."""
+    import time
+
+    model = tiny_model("bert", vocab_size=len(tokenizer))
+    config = ServeConfig(
+        instances=1, cores_per_instance=1, max_batch_requests=4, max_wait_ms=max_wait_ms
+    )
+    engine = Engine(model, tokenizer, config)
+    engine.start(warm=False)
+    try:
+        first = engine.submit(engine.tokenize(["a b"]))
+        time.sleep(0.05)
+        rest = engine.submit(engine.tokenize(["c d", "e", "f g h"]))
+        for f in first + rest:
+            f.result(timeout=30)
+        assert engine.stats.sequences == 4
+        assert engine.stats.batches == (1 if max_wait_ms else 2)
+    finally:
+        engine.stop(1.0)
+    with pytest.raises(squant.SquantError, match="max_wait_ms"):
+        ServeConfig(max_wait_ms=-1)
+
+
 @pytest.mark.parametrize("idle_trim_s", [0.05, 0.0])
 def test_an_idle_engine_trims_its_heap_once_after_work(tokenizer, idle_trim_s):
     import time

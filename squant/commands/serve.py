@@ -48,6 +48,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="refuse (429) while the queued work would take longer than this to run (0: off)",
     )
     p.add_argument(
+        "--max-wait-ms",
+        type=float,
+        default=0.0,
+        help="a batch short of --max-batch-requests waits this long for more of its length "
+        "bucket (0: never; a few ms fills batches when the front end shares the cores)",
+    )
+    p.add_argument(
         "--watch-ranges",
         action="store_true",
         help="count, per static int8 linear, tokens outside the calibrated range (on /metrics: "
@@ -104,6 +111,7 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
         max_queue=args.max_queue,
         timeout_s=args.timeout,
         max_queue_ms=args.max_queue_ms,
+        max_wait_ms=args.max_wait_ms,
         max_concurrent=args.max_concurrent,
         malloc_arenas=args.malloc_arenas,
         watch_ranges=args.watch_ranges,

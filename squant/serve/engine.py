@@ -82,6 +82,12 @@ class ServeConfig:
     # drift alarm on /metrics; squant.monitor.RangeMonitor). Eager models only; costs one
     # min/max per token and static linear.
     watch_ranges: bool = False
+    # a batch short of its limits waits up to this long (from its oldest sequence's arrival)
+    # for more sequences of its bucket. 0 (default): never wait; at low load a request runs
+    # at once. On a core shared with the HTTP front end, arrivals trickle in while a batch
+    # runs, so a saturated server formed batches of ~4 where 8 were allowed; a few ms lets
+    # them fill (README, served vs bench).
+    max_wait_ms: float = 0.0
     # after this long with nothing to run (and work run before it), hand the heap's free
     # pages back to the OS (glibc malloc_trim): a burst's big batches otherwise leave RSS at
     # their peak for good. An idle gap that short is rare under steady load. 0: never.
@@ -99,6 +105,8 @@ class ServeConfig:
             raise SquantError(f"max_queue_ms must be >= 0, got {self.max_queue_ms}")
         if self.malloc_arenas < 0:
             raise SquantError(f"malloc_arenas must be >= 0, got {self.malloc_arenas}")
+        if self.max_wait_ms < 0:
+            raise SquantError(f"max_wait_ms must be >= 0, got {self.max_wait_ms}")
         if self.idle_trim_s < 0:
             raise SquantError(f"idle_trim_s must be >= 0, got {self.idle_trim_s}")
 
@@ -391,20 +399,38 @@ class Engine:
         return self._live(batch)
 
     def _pop_batch(self) -> list[_Sequence]:
-        """The oldest sequence and more of its bucket, up to the batch limits (lock held)."""
+        """The oldest sequence and more of its bucket, up to the batch limits (lock held).
+        With max_wait_ms, a batch short of its limit waits for more of its bucket until its
+        oldest sequence has waited that long (the lock is released meanwhile)."""
         first = self._queue.popleft()
+        self._queued_tokens -= first.bucket
         batch = [first]
         limit = min(
             self.config.max_batch_requests,
             max(1, self.config.max_batch_tokens // first.bucket),
         )
+        self._fill(batch, limit)
+        wait_until = first.enqueued + self.config.max_wait_ms / 1e3
+        while len(batch) < limit and not self._stopping:
+            remaining = wait_until - time.perf_counter()
+            if remaining <= 0:
+                break
+            self._cond.wait(remaining)
+            self._fill(batch, limit)
+        return batch
+
+    def _fill(self, batch: list[_Sequence], limit: int) -> None:
+        """Move queued sequences of the batch's bucket into it, oldest first (lock held)."""
+        bucket = batch[0].bucket
         kept: deque[_Sequence] = deque()
         while self._queue and len(batch) < limit:
             s = self._queue.popleft()
-            (batch if s.bucket == first.bucket else kept).append(s)
+            if s.bucket == bucket:
+                batch.append(s)
+                self._queued_tokens -= s.bucket
+            else:
+                kept.append(s)
         self._queue.extendleft(reversed(kept))
-        self._queued_tokens -= sum(s.bucket for s in batch)
-        return batch
 
     def _live(self, batch: list[_Sequence]) -> list[_Sequence]:
         """The batch without sequences whose client left or whose deadline passed."""
