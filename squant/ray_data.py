@@ -36,6 +36,7 @@ import torch
 
 from .embed import EmbedReport, embed_texts, offline_config, write_shards
 from .errors import SquantError
+from .serve.engine import OFFLINE_BATCH_TOKENS
 
 ROUND_ROWS = 50_000  # rows per Ray dataset of `squant embed --ray` (see embed_file_on_ray)
 
@@ -71,7 +72,7 @@ class SquantEmbedder:
         cores: int | None = None,
         normalize: bool | None = None,
         pooling_from: str | Path | None = None,
-        max_batch_tokens: int = 8192,
+        max_batch_tokens: int = OFFLINE_BATCH_TOKENS,
     ) -> None:
         from .serve.loading import engine_for
 

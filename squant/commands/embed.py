@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from ..serve.engine import OFFLINE_BATCH_TOKENS
 from .common import positive_int, ray_init
 
 if TYPE_CHECKING:
@@ -21,7 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--instances", type=positive_int, default=None, help="default: cores / C")
     p.add_argument("--cores-per-instance", type=positive_int, default=None)
     p.add_argument("--max-batch-requests", type=positive_int, default=32)
-    p.add_argument("--max-batch-tokens", type=positive_int, default=8192)
+    p.add_argument("--max-batch-tokens", type=positive_int, default=OFFLINE_BATCH_TOKENS)
     norm = p.add_mutually_exclusive_group()
     norm.add_argument("--normalize", dest="normalize", action="store_true", default=None)
     norm.add_argument("--no-normalize", dest="normalize", action="store_false")

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import SquantError
+from ..serve.engine import SERVE_BATCH_TOKENS
 from .common import positive_float, positive_int, ray_init
 
 if TYPE_CHECKING:
@@ -26,7 +27,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--instances", type=positive_int, default=None, help="default: cores / C")
     p.add_argument("--cores-per-instance", type=positive_int, default=None)
     p.add_argument("--max-batch-requests", type=positive_int, default=32)
-    p.add_argument("--max-batch-tokens", type=positive_int, default=8192)
+    p.add_argument(
+        "--max-batch-tokens",
+        type=positive_int,
+        default=SERVE_BATCH_TOKENS,
+        help="padded tokens per batch (1024 keeps memory flatter under overload)",
+    )
     p.add_argument("--max-queue", type=positive_int, default=1024, help="sequences waiting")
     p.add_argument("--timeout", type=positive_float, default=30.0, help="seconds in the queue")
     p.add_argument(
