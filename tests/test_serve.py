@@ -267,30 +267,6 @@ def test_overload_is_refused_at_the_front_door_before_the_body_is_read(tokenizer
     assert "/no/such/route" not in text
 
 
-def test_mixed_buckets_share_a_batch_at_the_widest_and_answer_the_same(tokenizer):
-    """Queued 10-, 20-, 40- and 12-token sequences (buckets 16, 32, 64, 16): with mix_buckets
-    the oldest's batch takes its neighbours one bucket away (16, 32, 16 at width 32; 64 is two
-    away), without it one batch per bucket; every sequence's output is the same either way."""
-    model = tiny_model("bert", vocab_size=len(tokenizer))
-    encoded = [([5 + i % 20 for i in range(n)], None) for n in (10, 20, 40, 12)]
-    rows, batches = {}, {}
-    for mix in (True, False):
-        config = ServeConfig(instances=1, cores_per_instance=1, mix_buckets=mix)
-        engine = Engine(model, tokenizer, config)
-        assert engine.buckets == (16, 32, 64)
-        futures = engine.submit(encoded)  # all queued before the worker starts
-        engine.start(warm=False)
-        try:
-            rows[mix] = [f.result(timeout=30) for f in futures]
-        finally:
-            engine.stop(1.0)
-        batches[mix] = engine.stats.batches
-        assert engine.stats.padded_tokens == (3 * 32 + 64 if mix else 16 * 2 + 32 + 64)
-    assert batches == {True: 2, False: 3}
-    for a, b in zip(rows[True], rows[False], strict=True):
-        assert cosine(a, b) > 0.9999
-
-
 @pytest.mark.parametrize("max_wait_ms", [1000.0, 0.0])
 def test_max_wait_ms_lets_a_short_batch_fill(tokenizer, max_wait_ms):
     """One sequence arrives, three more of its bucket 50 ms later: with a wait they join its

@@ -61,13 +61,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "bucket (0: never; a few ms fills batches when the front end shares the cores)",
     )
     p.add_argument(
-        "--no-mix-buckets",
-        dest="mix_buckets",
-        action="store_false",
-        help="one length bucket per batch (default: a batch also takes sequences one bucket "
-        "shorter or longer, padded to its widest)",
-    )
-    p.add_argument(
         "--watch-ranges",
         action="store_true",
         help="count, per static int8 linear, tokens outside the calibrated range (on /metrics: "
@@ -125,7 +118,6 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
         timeout_s=args.timeout,
         max_queue_ms=args.max_queue_ms,
         max_wait_ms=args.max_wait_ms,
-        mix_buckets=args.mix_buckets,
         max_concurrent=args.max_concurrent,
         malloc_arenas=args.malloc_arenas,
         watch_ranges=args.watch_ranges,

@@ -95,10 +95,6 @@ class ServeConfig:
     # runs, so a saturated server formed batches of ~4 where 8 were allowed; a few ms lets
     # them fill (README, served vs bench).
     max_wait_ms: float = 0.0
-    # let a batch take sequences one length bucket shorter or longer than its oldest one's
-    # (padded to the widest). Real inputs spread over buckets; one bucket per batch split a
-    # saturated queue into batches of ~4 sequences where 8 were allowed (README).
-    mix_buckets: bool = True
     # after this long with nothing to run (and work run before it), hand the heap's free
     # pages back to the OS (glibc malloc_trim): a burst's big batches otherwise leave RSS at
     # their peak for good. An idle gap that short is rare under steady load. 0: never.
@@ -410,41 +406,33 @@ class Engine:
         return self._live(batch)
 
     def _pop_batch(self) -> list[_Sequence]:
-        """The oldest sequence and more that fit its batch, up to the batch limits (lock
-        held). With max_wait_ms, a batch short of its limit waits for more until its oldest
-        sequence has waited that long (the lock is released meanwhile)."""
+        """The oldest sequence and more of its bucket, up to the batch limits (lock held).
+        With max_wait_ms, a batch short of its limit waits for more of its bucket until its
+        oldest sequence has waited that long (the lock is released meanwhile)."""
         first = self._queue.popleft()
         self._queued_tokens -= first.bucket
         batch = [first]
-        self._fill(batch)
+        limit = min(
+            self.config.max_batch_requests,
+            max(1, self.config.max_batch_tokens // first.bucket),
+        )
+        self._fill(batch, limit)
         wait_until = first.enqueued + self.config.max_wait_ms / 1e3
-        while len(batch) < self.config.max_batch_requests and not self._stopping:
+        while len(batch) < limit and not self._stopping:
             remaining = wait_until - time.perf_counter()
             if remaining <= 0:
                 break
             self._cond.wait(remaining)
-            self._fill(batch)
+            self._fill(batch, limit)
         return batch
 
-    def _fits(self, batch: list[_Sequence], s: _Sequence) -> bool:
-        """Whether s may join the batch: its bucket is the first sequence's, or with
-        mix_buckets one bucket shorter or longer (the batch runs at its widest), and the
-        padded tokens stay within max_batch_tokens."""
-        if len(batch) >= self.config.max_batch_requests:
-            return False
-        first = self.buckets.index(batch[0].bucket)
-        step = abs(self.buckets.index(s.bucket) - first)
-        if step > (1 if self.config.mix_buckets else 0):
-            return False
-        width = max(s.bucket, *(q.bucket for q in batch))
-        return (len(batch) + 1) * width <= self.config.max_batch_tokens
-
-    def _fill(self, batch: list[_Sequence]) -> None:
-        """Move queued sequences that fit into the batch, oldest first (lock held)."""
+    def _fill(self, batch: list[_Sequence], limit: int) -> None:
+        """Move queued sequences of the batch's bucket into it, oldest first (lock held)."""
+        bucket = batch[0].bucket
         kept: deque[_Sequence] = deque()
-        while self._queue and len(batch) < self.config.max_batch_requests:
+        while self._queue and len(batch) < limit:
             s = self._queue.popleft()
-            if self._fits(batch, s):
+            if s.bucket == bucket:
                 batch.append(s)
                 self._queued_tokens -= s.bucket
             else:
@@ -467,7 +455,7 @@ class Engine:
         return live
 
     def _run(self, batch: list[_Sequence]) -> None:
-        width = max(s.bucket for s in batch)
+        width = batch[0].bucket
         pad = int(getattr(self.tokenizer, "pad_token_id", 0) or 0)
         ids = torch.full((len(batch), width), pad, dtype=torch.long)
         mask = torch.zeros((len(batch), width), dtype=torch.long)
