@@ -298,7 +298,9 @@ def test_an_idle_engine_trims_its_heap_once_after_work(tokenizer, idle_trim_s):
     import time
 
     model = tiny_model("bert", vocab_size=len(tokenizer))
-    config = ServeConfig(instances=1, cores_per_instance=1, idle_trim_s=idle_trim_s)
+    config = ServeConfig(
+        instances=1, cores_per_instance=1, idle_trim_s=idle_trim_s, trim_interval_s=0
+    )
     engine = Engine(model, tokenizer, config)
     engine.start(warm=False)
     try:
@@ -318,6 +320,39 @@ def test_an_idle_engine_trims_its_heap_once_after_work(tokenizer, idle_trim_s):
         engine.stop(1.0)
     with pytest.raises(squant.SquantError, match="idle_trim_s"):
         ServeConfig(idle_trim_s=-1)
+
+
+def test_a_busy_engine_also_trims_when_its_queue_runs_empty_at_most_every_interval(tokenizer):
+    """Under steady traffic idle spells are rare: the heap is also trimmed when the queue runs
+    empty after work, once trim_interval_s has passed since the last trim (idle trim off)."""
+    import time
+
+    model = tiny_model("bert", vocab_size=len(tokenizer))
+    config = ServeConfig(instances=1, cores_per_instance=1, idle_trim_s=0, trim_interval_s=0.3)
+    engine = Engine(model, tokenizer, config)
+    engine.start(warm=False)
+
+    def run_one():
+        for f in engine.submit(engine.tokenize(["a few words"])):
+            f.result(timeout=30)
+
+    try:
+        time.sleep(0.35)  # the interval since start has passed
+        run_one()
+        time.sleep(0.1)
+        assert engine.trims == 1  # queue empty after work, interval passed: at once
+        run_one()
+        time.sleep(0.1)
+        assert engine.trims == 1  # 0.1 s since the last trim: not yet
+        time.sleep(0.8)
+        assert engine.trims == 2  # the next wake-up after the interval
+        time.sleep(0.6)
+        assert engine.trims == 2  # nothing ran since: no more
+        assert engine.healthy()
+    finally:
+        engine.stop(1.0)
+    with pytest.raises(squant.SquantError, match="trim_interval_s"):
+        ServeConfig(trim_interval_s=-1)
 
 
 def test_ready_health_info_metrics(tokenizer, embedder):

@@ -99,6 +99,10 @@ class ServeConfig:
     # pages back to the OS (glibc malloc_trim): a burst's big batches otherwise leave RSS at
     # their peak for good. An idle gap that short is rare under steady load. 0: never.
     idle_trim_s: float = 0.5
+    # also trim whenever the queue runs empty between batches, at most this often: under
+    # steady low traffic idle spells are rare, and after a burst RSS otherwise stayed at the
+    # burst's level. A saturated queue never runs empty, so it costs nothing there. 0: off.
+    trim_interval_s: float = 5.0
     buckets: tuple[int, ...] = BUCKETS
 
     def __post_init__(self) -> None:
@@ -116,6 +120,8 @@ class ServeConfig:
             raise SquantError(f"max_wait_ms must be >= 0, got {self.max_wait_ms}")
         if self.idle_trim_s < 0:
             raise SquantError(f"idle_trim_s must be >= 0, got {self.idle_trim_s}")
+        if self.trim_interval_s < 0:
+            raise SquantError(f"trim_interval_s must be >= 0, got {self.trim_interval_s}")
 
 
 @dataclass
@@ -241,6 +247,7 @@ class Engine:
         self._workers: list[threading.Thread] = []
         self._stopping = False
         self._ran_since_trim = False  # work ran since the heap was last trimmed
+        self._last_trim = time.perf_counter()
         self.trims = 0
         self.ready = False
         self.draining = False
@@ -386,16 +393,22 @@ class Engine:
     # -- workers -------------------------------------------------------------------------
 
     def _take_batch(self) -> list[_Sequence] | None:
-        """The next batch; None when stopping; [] after trimming the heap of an idle engine."""
-        trim_after = self.config.idle_trim_s
+        """The next batch; None when stopping; [] after trimming the heap (outside the lock)
+        when the queue ran empty after work and the engine was idle for idle_trim_s or
+        trim_interval_s passed since the last trim."""
+        trim_after, every = self.config.idle_trim_s, self.config.trim_interval_s
         batch: list[_Sequence] | None = None
         with self._cond:
             while not self._queue and not self._stopping:
-                timed_out = not self._cond.wait(trim_after or 0.5)
-                if timed_out and trim_after and self._ran_since_trim:
-                    self._ran_since_trim = False  # idle after work: trim once, outside the lock
-                    self.trims += 1
-                    break
+                since = time.perf_counter() - self._last_trim
+                if not (self._ran_since_trim and every and since >= every):
+                    timed_out = not self._cond.wait(trim_after or 0.5)
+                    if not (timed_out and trim_after and self._ran_since_trim):
+                        continue
+                self._ran_since_trim = False
+                self._last_trim = time.perf_counter()
+                self.trims += 1
+                break
             else:
                 if not self._queue:
                     return None
