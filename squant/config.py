@@ -108,7 +108,7 @@ class SmoothQuantConfig:
         object.__setattr__(self, "percentile", float(self.percentile))
         object.__setattr__(self, "exclude", tuple(self.exclude))
         for name in ("dynamic_sites", "outlier_sites"):
-            kinds = tuple(getattr(self, name) or ())
+            kinds = tuple(getattr(self, name))
             object.__setattr__(self, name, kinds)
             unknown = set(kinds) - set(SITE_KINDS)
             if unknown:

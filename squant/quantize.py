@@ -112,12 +112,10 @@ def outlier_channels(
 ) -> dict[str, Tensor]:
     """Per site of the configured kinds, the input channels with the largest calibrated
     magnitude (sorted): multiplied in float beside the int8 GEMM (outlier_channels)."""
-    k = config.outlier_channels
+    k, kinds = config.outlier_channels, config.outlier_sites or ()  # resolved: never None
     out: dict[str, Tensor] = {}
     for site in sites:
-        if k == 0 or site.kind not in (
-            config.outlier_sites or ()
-        ):  # None only before the config resolves it
+        if k == 0 or site.kind not in kinds:
             continue
         absmax = stats[site.name].range.absmax
         out[site.name] = absmax.topk(min(k, absmax.numel())).indices.sort().values
@@ -306,8 +304,10 @@ def quantize(
     sample = config.search_tokens if auto else 0
     stats = _observe(model, names, lambda: SiteStats(sample), batches, "calibrating", progress)
     outliers = outlier_channels(stats, sites, config)
-    fixed = float(config.alpha) if isinstance(config.alpha, int | float) else 0.0
-    chooser = searched_alpha(stats, config, outliers) if auto else fixed_alpha(fixed)
+    alpha = config.alpha  # "auto" or a float once the config has resolved it
+    chooser = (
+        fixed_alpha(alpha) if isinstance(alpha, float) else searched_alpha(stats, config, outliers)
+    )
     multipliers, alphas = _apply_smoothing(model, layout, sites, stats, chooser, outliers)
     for st in stats.values():
         st.sample = st.extremes = None  # free the token samples before the next pass
