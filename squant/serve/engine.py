@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import json
+import math
 import os
 import threading
 import time
@@ -57,6 +59,11 @@ class OverloadedError(Exception):
     def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+    @property
+    def retry_after(self) -> str:
+        """The Retry-After header: whole seconds, at least 1."""
+        return str(max(1, math.ceil(self.retry_after_s)))
 
 
 class DeadlineExceededError(Exception):
@@ -156,8 +163,10 @@ class Stats:
         self.inference_seconds = 0.0
 
 
+@functools.cache
 def _libc() -> Any:
-    """glibc through ctypes, or None where there is none (musl, macOS)."""
+    """glibc through ctypes, or None where there is none (musl, macOS). Looked up once:
+    find_library runs ldconfig, and the workers trim the heap every few seconds."""
     import ctypes
     import ctypes.util
 
@@ -335,9 +344,9 @@ class Engine:
             )
 
     def refusal(self) -> OverloadedError | None:
-        """Why a request arriving now would be refused (None: it would be admitted). A
-        lock-free read for the HTTP front door, which turns overload away before reading or
-        parsing a body; admitted() stays the binding check."""
+        """Why a request arriving now would be refused (None: it would be admitted). Read
+        without the lock by the HTTP front door, which turns overload away before reading or
+        parsing a body; admitted() makes the same check under the lock, and binds."""
         try:
             self._refuse_if_busy()
         except OverloadedError as e:
@@ -354,9 +363,9 @@ class Engine:
         spends nothing on the requests it turns away, and nothing piles up outside the
         bounded queue. Pass the yielded Admission to submit()."""
         with self._cond:
-            self._refuse_if_busy()
-            if self._in_flight >= self.config.max_concurrent:
-                raise OverloadedError(f"{self._in_flight} requests in flight")
+            refused = self.refusal()
+            if refused is not None:
+                raise refused
             self._in_flight += 1
             self._unqueued += 1
         admission = Admission()
@@ -399,12 +408,13 @@ class Engine:
         trim_after, every = self.config.idle_trim_s, self.config.trim_interval_s
         batch: list[_Sequence] | None = None
         with self._cond:
+            idle = False  # the last wait timed out: idle for trim_after seconds
             while not self._queue and not self._stopping:
                 since = time.perf_counter() - self._last_trim
-                if not (self._ran_since_trim and every and since >= every):
-                    timed_out = not self._cond.wait(trim_after or 0.5)
-                    if not (timed_out and trim_after and self._ran_since_trim):
-                        continue
+                due = (idle and trim_after) or (every and since >= every)
+                if not (self._ran_since_trim and due):
+                    idle = not self._cond.wait(trim_after or 0.5)
+                    continue
                 self._ran_since_trim = False
                 self._last_trim = time.perf_counter()
                 self.trims += 1

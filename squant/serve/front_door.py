@@ -12,7 +12,6 @@ cannot grow the metrics without bound."""
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any
@@ -87,9 +86,8 @@ class FrontDoor:
         if scope["method"] == "POST" and path in self.inference_routes and engine.ready:
             refused = engine.refusal()
             if refused is not None:
-                retry = str(max(1, math.ceil(refused.retry_after_s))).encode()
                 body = {"error": str(refused), "error_type": "overloaded"}
-                await reply(send, 429, body, ((b"retry-after", retry),))
+                await reply(send, 429, body, ((b"retry-after", refused.retry_after.encode()),))
                 return 429
         status = 500  # what a response that never started counts as
 
