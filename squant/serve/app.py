@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import math
 import os
 import time
 from collections.abc import AsyncIterator
@@ -41,8 +40,6 @@ from .engine import Admission, DeadlineExceededError, Engine, OverloadedError
 from .front_door import FrontDoor
 
 MAX_BODY_BYTES = 2 * 2**20
-# inputs up to this many characters in all are tokenized on the event loop, not in a thread
-INLINE_TOKENIZE_CHARS = 2000
 # the routes that queue inference work: refused at the front door while overloaded
 INFERENCE_ROUTES = frozenset({"/embed", "/v1/embeddings", "/predict"})
 
@@ -182,28 +179,14 @@ def create_app(engine: Engine, model_name: str = "squant", grace_s: float = 30.0
             with engine.admitted() as admission:
                 return await _tokenize_and_run(texts, truncate, admission)
         except OverloadedError as e:
-            retry = str(max(1, math.ceil(e.retry_after_s)))
-            raise ApiError(429, str(e), "overloaded", {"Retry-After": retry}) from None
-
-    async def _tokenized(
-        texts: list[Text], truncate: bool
-    ) -> list[tuple[list[int], list[int] | None]]:
-        """Short inputs are tokenized on the event loop (a fast tokenizer takes tens of
-        microseconds for them, less than the hop to a worker thread and back, which cost a
-        tenth of the front end's time at saturation); long ones in the thread pool, so one
-        big document does not stall every other request."""
-        if sum(len(t) if isinstance(t, str) else len(t[0]) + len(t[1]) for t in texts) <= (
-            INLINE_TOKENIZE_CHARS
-        ):
-            return engine.tokenize(texts, truncate)
-        return await asyncio.to_thread(engine.tokenize, texts, truncate)
+            raise ApiError(429, str(e), "overloaded", {"Retry-After": e.retry_after}) from None
 
     async def _tokenize_and_run(
         texts: list[Text], truncate: bool, admission: Admission
     ) -> tuple[list[torch.Tensor], int]:
         t0 = time.perf_counter()
         try:
-            encoded = await _tokenized(texts, truncate)
+            encoded = await asyncio.to_thread(engine.tokenize, texts, truncate)
         except ValueError as e:
             raise ApiError(422, str(e), "validation") from None
         m["tokenize"].observe(time.perf_counter() - t0)
@@ -267,7 +250,7 @@ def create_app(engine: Engine, model_name: str = "squant", grace_s: float = 30.0
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> list[list[int]]:
-        encoded = await _tokenized(_texts(body.inputs), True)
+        encoded = await asyncio.to_thread(engine.tokenize, _texts(body.inputs), True)
         return [ids for ids, _ in encoded]
 
     @app.get("/health")
