@@ -289,8 +289,9 @@ def test_max_wait_ms_lets_a_short_batch_fill(tokenizer, max_wait_ms):
         assert engine.stats.batches == (1 if max_wait_ms else 2)
     finally:
         engine.stop(1.0)
-    with pytest.raises(squant.SquantError, match="max_wait_ms"):
-        ServeConfig(max_wait_ms=-1)
+    for bad in (-1, float("nan"), float("inf")):  # a wait must end
+        with pytest.raises(squant.SquantError, match="max_wait_ms"):
+            ServeConfig(max_wait_ms=bad)
 
 
 @pytest.mark.parametrize("idle_trim_s", [0.05, 0.0])

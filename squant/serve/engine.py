@@ -123,12 +123,10 @@ class ServeConfig:
             raise SquantError(f"max_queue_ms must be >= 0, got {self.max_queue_ms}")
         if self.malloc_arenas < 0:
             raise SquantError(f"malloc_arenas must be >= 0, got {self.malloc_arenas}")
-        if self.max_wait_ms < 0:
-            raise SquantError(f"max_wait_ms must be >= 0, got {self.max_wait_ms}")
-        if self.idle_trim_s < 0:
-            raise SquantError(f"idle_trim_s must be >= 0, got {self.idle_trim_s}")
-        if self.trim_interval_s < 0:
-            raise SquantError(f"trim_interval_s must be >= 0, got {self.trim_interval_s}")
+        for name in ("max_wait_ms", "idle_trim_s", "trim_interval_s"):  # waits: finite
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise SquantError(f"{name} must be a finite number >= 0, got {value}")
 
 
 @dataclass
