@@ -24,7 +24,9 @@ TEXTS = [
 def engine(base_dir):
     from squant.serve.loading import engine_for
 
-    config = ServeConfig(instances=1, cores_per_instance=1, max_queue=8, max_queue_ms=0)
+    config = ServeConfig(
+        instances=1, cores_per_instance=1, max_queue=8, max_queue_ms=0, runtime="eager"
+    )
     e = engine_for(base_dir, config)
     e.start(warm=False)
     yield e
@@ -82,6 +84,7 @@ def test_embed_command(base_dir, tiny_checkpoint, tmp_path, capsys):
     corpus.write_text("\n".join(f'{{"text": "{t}"}}' for t in TEXTS[:7]) + "\n")
     out = tmp_path / "out"
     args = ["embed", str(base_dir), str(corpus), "--out", str(out), "--shard-rows", "4"]
+    args += ["--runtime", "eager"]  # compiling is tested in test_serve.py
     assert main([*args, "--normalize"]) == 0
     assert "7 rows" in capsys.readouterr().out
     _, rows, vectors = _read(out)

@@ -1,6 +1,8 @@
 """`squant serve`: routes, batching, admission and errors, on tiny checkpoints (no network:
 FastAPI's in-process test client)."""
 
+import concurrent.futures
+
 import pytest
 import torch
 
@@ -393,7 +395,7 @@ def test_health_fails_when_a_worker_has_died(tokenizer):
     assert r.status_code == 503 and r.json()["status"] == "workers stopped"
 
 
-@pytest.mark.slow  # ~35 s; the CLI serves eager models and packages, not this runner
+@pytest.mark.slow  # ~35 s; the runner squant serve builds itself is tested below
 def test_compiled_runner_serves_every_bucket(tokenizer):
     """One squant.compile graph with dynamic shapes serves all buckets and batch sizes."""
     torch._dynamo.reset()
@@ -486,7 +488,8 @@ def test_a_float_checkpoint_is_quantized_at_start_up_with_calib(
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    layout = ["--instances", "1", "--cores-per-instance", "1"]
+    # eager: compiling (the default for quantized models) is tested on its own below
+    layout = ["--instances", "1", "--cores-per-instance", "1", "--runtime", "eager"]
     args = parser.parse_args([str(tiny_checkpoint), *layout, "--calib", str(calib_jsonl)])
     engine = build_engine(args)
     assert any(isinstance(m, QuantLinear) for m in engine.model.modules())
@@ -531,3 +534,89 @@ def test_watch_ranges_counts_every_real_token_of_every_static_linear(tokenizer):
     )
     with pytest.raises(squant.SquantError, match="no static int8 linears"):
         Engine(dynamic, tokenizer, ServeConfig(watch_ranges=True))
+
+
+class _FakeCompiled(torch.nn.Module):
+    """What squant.compile returns, as far as the engine is concerned: .model and a call."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, **inputs):
+        return self.model(**inputs)
+
+
+def test_quantized_directories_are_compiled_by_default_at_the_workers_thread_count(
+    base_dir, tiny_checkpoint, monkeypatch
+):
+    from squant.serve.loading import engine_for
+
+    calls = []
+
+    def fake_compile(model, config, example_inputs):
+        calls.append((torch.get_num_threads(), config.dynamic, example_inputs["attention_mask"]))
+        return _FakeCompiled(model)
+
+    monkeypatch.setattr(squant, "compile", fake_compile)
+    before = torch.get_num_threads()
+    engine = engine_for(base_dir, ServeConfig(instances=1, cores_per_instance=1))
+    assert isinstance(engine.runner, _FakeCompiled) and engine.runner.model is engine.model
+    ((threads, dynamic, mask),) = calls
+    # compiled at the workers' thread count (dynamo guards it), for every shape, and checked
+    # on a padded batch (real padding is where a compile was refused before)
+    assert (threads, dynamic) == (1, True) and not bool(mask.all())
+    assert torch.get_num_threads() == before  # the caller's setting is restored
+    for runtime, config in [
+        ("eager", ServeConfig(runtime="eager")),
+        ("auto with watch_ranges", ServeConfig(watch_ranges=True)),
+    ]:
+        engine = engine_for(base_dir, config)
+        assert not isinstance(engine.runner, _FakeCompiled), runtime
+    plain = engine_for(tiny_checkpoint, ServeConfig())  # float: served as it is, eagerly
+    assert plain.runner is plain.model and len(calls) == 1
+    with pytest.raises(squant.SquantError, match="--runtime eager"):
+        engine_for(base_dir, ServeConfig(runtime="compiled", watch_ranges=True))
+    with pytest.raises(squant.SquantError, match="runtime must be one of"):
+        ServeConfig(runtime="jit")
+
+
+def test_a_failed_compile_serves_eagerly_unless_compiled_was_asked_for(base_dir, monkeypatch):
+    from squant.serve.loading import engine_for
+
+    def broken(model, config, example_inputs):
+        raise RuntimeError("InductorError: no C++ compiler found\nlong traceback")
+
+    monkeypatch.setattr(squant, "compile", broken)
+    with pytest.warns(UserWarning, match=r"serving eagerly: .*no C\+\+ compiler found"):
+        engine = engine_for(base_dir, ServeConfig(instances=1, cores_per_instance=1))
+    assert engine.runner is engine.model
+    with pytest.raises(squant.SquantError, match=r"--runtime compiled: .*no C\+\+ compiler"):
+        engine_for(base_dir, ServeConfig(runtime="compiled"))
+
+
+@pytest.mark.slow  # ~60 s: a real compile
+def test_the_default_compiled_runner_serves_two_instances_without_recompiling(base_dir):
+    from torch._dynamo.utils import counters
+
+    from squant.serve.loading import engine_for
+
+    config = ServeConfig(instances=2, cores_per_instance=1, max_batch_requests=4)
+    engine = engine_for(base_dir, config)
+    assert type(engine.runner).__name__ == "CompiledEncoder"
+    engine.start()  # every bucket at batch 1 and its largest batch
+    graphs = counters["stats"]["unique_graphs"]
+    try:
+        client = TestClient(create_app(engine))
+        texts = ["a dog", "the cat sat on the mat " * 4, "the red car", "", "red car " * 20]
+        bodies = [{"inputs": texts[: k + 1]} for k in range(len(texts))] * 3
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:  # both workers busy
+            answers = list(pool.map(lambda b: client.post("/embed", json=b), bodies))
+        assert all(r.status_code == 200 for r in answers)
+        got = torch.tensor(answers[len(texts) - 1].json())
+        for text, row in zip(texts, got, strict=True):
+            assert cosine(_reference_embedding(engine, text), row) >= 0.999
+    finally:
+        engine.stop(1.0)
+    # traffic on worker threads, across buckets and batch sizes, built no new graph
+    assert counters["stats"]["unique_graphs"] == graphs

@@ -116,3 +116,16 @@ def ray_init(address: str | None, **options: Any) -> None:
         ray.init(address=address, **options)
     except ConnectionError as e:
         raise SquantError(f"cannot reach the Ray cluster at {address}: {e}") from None
+
+
+def add_runtime_argument(parser: argparse.ArgumentParser) -> None:
+    from ..serve.runtime import RUNTIMES
+
+    parser.add_argument(
+        "--runtime",
+        choices=RUNTIMES,
+        default="auto",
+        help="what runs the batches: auto (default) compiles a squant-quantized model at "
+        "start-up (squant.compile, dynamic shapes, checked against eager; ~1 min) and runs "
+        "float checkpoints eagerly; eager or compiled force either",
+    )

@@ -6,7 +6,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from ..serve.engine import OFFLINE_BATCH_TOKENS
-from .common import positive_int, ray_init
+from .common import add_runtime_argument, positive_int, ray_init
 
 if TYPE_CHECKING:
     from ..embed import EmbedReport
@@ -27,6 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     norm.add_argument("--normalize", dest="normalize", action="store_true", default=None)
     norm.add_argument("--no-normalize", dest="normalize", action="store_false")
     p.add_argument("--pooling-from", default=None, help="as for squant serve")
+    add_runtime_argument(p)
     ray = p.add_argument_group("Ray Data (extra squant[ray])")
     ray.add_argument("--ray", action="store_true", help="embed on Ray actors (local or a cluster)")
     ray.add_argument("--ray-address", default=None, help="an existing cluster (default: local)")
@@ -52,6 +53,7 @@ def run(args: argparse.Namespace) -> None:
         cores_per_instance=args.cores_per_instance,
         max_batch_requests=args.max_batch_requests,
         max_batch_tokens=args.max_batch_tokens,
+        runtime=args.runtime,
     )
     engine = engine_for(args.model, config, args.pooling_from)
     engine.start(warm=False)

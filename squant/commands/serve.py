@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import SquantError
 from ..serve.engine import SERVE_BATCH_TOKENS
-from .common import positive_float, positive_int, ray_init
+from .common import add_runtime_argument, positive_float, positive_int, ray_init
 
 if TYPE_CHECKING:
     from ..serve.engine import Engine, ServeConfig
@@ -60,6 +60,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="a batch short of --max-batch-requests waits this long for more of its length "
         "bucket (0: never; a few ms fills batches when the front end shares the cores)",
     )
+    add_runtime_argument(p)
     p.add_argument(
         "--watch-ranges",
         action="store_true",
@@ -121,6 +122,7 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
         max_concurrent=args.max_concurrent,
         malloc_arenas=args.malloc_arenas,
         watch_ranges=args.watch_ranges,
+        runtime=args.runtime,
     )
 
 

@@ -42,6 +42,7 @@ from ..bench.runner import plan
 from ..errors import SquantError
 from ..mappings import max_positions, model_inputs
 from ..monitor import RangeMonitor
+from .runtime import RUNTIMES, Runtime
 
 BUCKETS = (16, 32, 64, 128, 256, 512)
 # Padded tokens per batch. Real MiniLM static INT8 on one AVX2 core, 128-token sequences
@@ -111,6 +112,10 @@ class ServeConfig:
     # burst's level. A saturated queue never runs empty, so it costs nothing there. 0: off.
     trim_interval_s: float = 5.0
     buckets: tuple[int, ...] = BUCKETS
+    # what runs the batches of a model loaded from a directory (serve/runtime.py): "auto"
+    # compiles squant-quantized models (dynamic shapes, checked against eager at start-up)
+    # and runs float ones eagerly; "eager" / "compiled" force either
+    runtime: Runtime = "auto"
 
     def __post_init__(self) -> None:
         names = ("max_batch_requests", "max_batch_tokens", "max_queue", "max_inputs")
@@ -123,6 +128,8 @@ class ServeConfig:
             raise SquantError(f"max_queue_ms must be >= 0, got {self.max_queue_ms}")
         if self.malloc_arenas < 0:
             raise SquantError(f"malloc_arenas must be >= 0, got {self.malloc_arenas}")
+        if self.runtime not in RUNTIMES:
+            raise SquantError(f"runtime must be one of {RUNTIMES}, got {self.runtime!r}")
         for name in ("max_wait_ms", "idle_trim_s", "trim_interval_s"):  # waits: finite
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):

@@ -12,6 +12,7 @@ from torch import nn
 
 from ..errors import SquantError
 from .engine import Engine, ServeConfig, pooling_of
+from .runtime import compiled_runner, wants_compiled
 
 
 def engine_for(
@@ -22,7 +23,8 @@ def engine_for(
 ) -> Engine:
     """An Engine (not started) for the model directory at `path`. calib: texts to quantize a
     float checkpoint with at start-up (static INT8, squant's defaults; the report is kept as
-    engine.quantize_report); without it a float checkpoint is served in FP32."""
+    engine.quantize_report); without it a float checkpoint is served in FP32. Quantized
+    models run compiled unless config.runtime says otherwise (serve/runtime.py)."""
     from ..bench.runner import plan
     from ..export import MANIFEST, load_packaged
     from ..models import load_model, load_tokenizer
@@ -61,11 +63,14 @@ def engine_for(
         if is_sentence_transformer(model):  # pooling comes from its modules (pooling_of)
             model = inner_model(model)
     pooling, normalize = pooling_of(pooling_from or path)
-    # Directories from `squant quantize` run eagerly: a squant.compile runner with dynamic
-    # shapes recompiled under threaded load here (dynamo guards on each thread's num_threads,
-    # and one "unexpected recompilation" under concurrency): 27.7 req/s, p99 2.7 s against
-    # 81.9 req/s, p99 177 ms eager (real MiniLM, 2x1 workers, 8 clients). For compiled speed,
-    # serve a deploy directory (`squant export --dynamic-seq --batch N`).
-    engine = Engine(model, tokenizer, config, pooling, normalize)
+    runner = None
+    if not (path / MANIFEST).is_file() and wants_compiled(
+        config.runtime, model, config.watch_ranges
+    ):
+        threads = plan(config.instances, config.cores_per_instance).cores_per_instance
+        built = compiled_runner(model, tokenizer, threads, required=config.runtime == "compiled")
+        if built is not None:
+            model, runner = built
+    engine = Engine(model, tokenizer, config, pooling, normalize, runner=runner)
     engine.quantize_report = report
     return engine
