@@ -298,6 +298,44 @@ def burst_report(
     }
 
 
+SERVER_COUNTERS = (
+    "squant_batches_total",
+    "squant_sequences_total",
+    "squant_padded_tokens_total",
+    "squant_inference_seconds_total",
+)
+
+
+async def server_counters(client: httpx.AsyncClient, url: str) -> dict[str, float]:
+    """squant serve's own batch counters from /metrics ({} from a server without them)."""
+    try:
+        text = (await client.get(f"{url}/metrics")).text
+    except httpx.HTTPError:
+        return {}
+    values = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in SERVER_COUNTERS:
+            values[name] = float(value)
+    return values
+
+
+def batch_shape(before: dict[str, float], after: dict[str, float], seconds: float) -> dict:
+    """The batches the server formed meanwhile: what `squant bench` should be run at to
+    compare like with like (mean sequences per batch, mean padded width)."""
+    if len(before) < len(SERVER_COUNTERS) or len(after) < len(SERVER_COUNTERS):
+        return {}
+    d = {k: after[k] - before[k] for k in SERVER_COUNTERS}
+    if d["squant_batches_total"] <= 0:
+        return {}
+    return {
+        "batches": int(d["squant_batches_total"]),
+        "mean_batch": d["squant_sequences_total"] / d["squant_batches_total"],
+        "mean_width": d["squant_padded_tokens_total"] / d["squant_sequences_total"],
+        "inference_busy": d["squant_inference_seconds_total"] / seconds,
+    }
+
+
 async def main_async(args: argparse.Namespace, pid: int | None) -> dict:
     pool = read_pool(args.texts, args.pool, join=args.join)
     limits = httpx.Limits(max_connections=args.max_connections)
@@ -314,9 +352,19 @@ async def main_async(args: argparse.Namespace, pid: int | None) -> dict:
         if args.closed:
             # a short unmeasured run first: connections open, every batch shape seen
             await run_closed(client, args.url, pool, refs, args.closed, 3.0, 0.0, 99)
+            before = await server_counters(client, args.url)
             row = await run_closed(
                 client, args.url, pool, refs, args.closed, args.duration, args.min_cosine, 0
             )
+            shape = batch_shape(before, await server_counters(client, args.url), args.duration)
+            if shape:
+                row["server_batches"] = shape
+                print(
+                    f"server batches: {shape['batches']}, mean {shape['mean_batch']:.2f} "
+                    f"sequences x {shape['mean_width']:.1f} padded tokens, inference busy "
+                    f"{shape['inference_busy']:.0%} of the time",
+                    flush=True,
+                )
             return {"url": args.url, "label": args.label, "pool": len(pool), "results": [row]}
         rows = []
         for i, rate in enumerate(args.rates):
