@@ -11,9 +11,8 @@ import pyarrow.parquet as pq
 import ray
 
 from squant.cli import main
-from squant.embed import embed_file
+from squant.embed import embed_file, offline_config
 from squant.ray_data import claim_cores, embed_file_on_ray
-from squant.serve.engine import ServeConfig
 
 TEXTS = [f"text number {i} about {'cats' if i % 3 else 'the weather today'}" for i in range(37)]
 TEXTS[5] = ""  # an empty row
@@ -57,7 +56,8 @@ def test_ray_embedding_equals_local_and_resumes(base_dir, tmp_path, local_ray):
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(TEXTS) + "\n")
-    engine = engine_for(base_dir, ServeConfig(instances=1, cores_per_instance=1, max_queue=8))
+    # the same settings as the Ray actors' (compiled where quantized)
+    engine = engine_for(base_dir, offline_config(instances=1, cores_per_instance=1))
     engine.start(warm=False)
     try:
         embed_file(engine, corpus, tmp_path / "local", shard_rows=8, progress=False)

@@ -488,8 +488,7 @@ def test_a_float_checkpoint_is_quantized_at_start_up_with_calib(
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    # eager: compiling (the default for quantized models) is tested on its own below
-    layout = ["--instances", "1", "--cores-per-instance", "1", "--runtime", "eager"]
+    layout = ["--instances", "1", "--cores-per-instance", "1"]
     args = parser.parse_args([str(tiny_checkpoint), *layout, "--calib", str(calib_jsonl)])
     engine = build_engine(args)
     assert any(isinstance(m, QuantLinear) for m in engine.model.modules())
@@ -547,7 +546,7 @@ class _FakeCompiled(torch.nn.Module):
         return self.model(**inputs)
 
 
-def test_quantized_directories_are_compiled_by_default_at_the_workers_thread_count(
+def test_auto_compiles_quantized_directories_at_the_workers_thread_count(
     base_dir, tiny_checkpoint, monkeypatch
 ):
     from squant.serve.loading import engine_for
@@ -555,25 +554,28 @@ def test_quantized_directories_are_compiled_by_default_at_the_workers_thread_cou
     calls = []
 
     def fake_compile(model, config, example_inputs):
-        calls.append((torch.get_num_threads(), config.dynamic, example_inputs["attention_mask"]))
+        calls.append((torch.get_num_threads(), config, example_inputs["attention_mask"]))
         return _FakeCompiled(model)
 
     monkeypatch.setattr(squant, "compile", fake_compile)
     before = torch.get_num_threads()
-    engine = engine_for(base_dir, ServeConfig(instances=1, cores_per_instance=1))
+    assert ServeConfig().runtime == "eager"  # serving: compiled is opt-in (see README)
+    engine = engine_for(base_dir, ServeConfig(instances=1, cores_per_instance=1, runtime="auto"))
     assert isinstance(engine.runner, _FakeCompiled) and engine.runner.model is engine.model
-    ((threads, dynamic, mask),) = calls
-    # compiled at the workers' thread count (dynamo guards it), for every shape, and checked
+    ((threads, compile_config, mask),) = calls
+    # compiled at the workers' thread count (dynamo guards it), for every shape, with the C++
+    # wrapper (its call releases the GIL: the front end keeps running beside it), and checked
     # on a padded batch (real padding is where a compile was refused before)
-    assert (threads, dynamic) == (1, True) and not bool(mask.all())
+    assert (threads, compile_config.dynamic, compile_config.cpp_wrapper) == (1, True, True)
+    assert not bool(mask.all())
     assert torch.get_num_threads() == before  # the caller's setting is restored
     for runtime, config in [
         ("eager", ServeConfig(runtime="eager")),
-        ("auto with watch_ranges", ServeConfig(watch_ranges=True)),
+        ("auto with watch_ranges", ServeConfig(watch_ranges=True, runtime="auto")),
     ]:
         engine = engine_for(base_dir, config)
         assert not isinstance(engine.runner, _FakeCompiled), runtime
-    plain = engine_for(tiny_checkpoint, ServeConfig())  # float: served as it is, eagerly
+    plain = engine_for(tiny_checkpoint, ServeConfig(runtime="auto"))  # float: as it is, eager
     assert plain.runner is plain.model and len(calls) == 1
     with pytest.raises(squant.SquantError, match="--runtime eager"):
         engine_for(base_dir, ServeConfig(runtime="compiled", watch_ranges=True))
@@ -582,6 +584,7 @@ def test_quantized_directories_are_compiled_by_default_at_the_workers_thread_cou
 
 
 def test_a_failed_compile_serves_eagerly_unless_compiled_was_asked_for(base_dir, monkeypatch):
+    from squant.embed import offline_config  # bulk embedding compiles by default
     from squant.serve.loading import engine_for
 
     def broken(model, config, example_inputs):
@@ -589,19 +592,19 @@ def test_a_failed_compile_serves_eagerly_unless_compiled_was_asked_for(base_dir,
 
     monkeypatch.setattr(squant, "compile", broken)
     with pytest.warns(UserWarning, match=r"serving eagerly: .*no C\+\+ compiler found"):
-        engine = engine_for(base_dir, ServeConfig(instances=1, cores_per_instance=1))
+        engine = engine_for(base_dir, offline_config(instances=1, cores_per_instance=1))
     assert engine.runner is engine.model
     with pytest.raises(squant.SquantError, match=r"--runtime compiled: .*no C\+\+ compiler"):
         engine_for(base_dir, ServeConfig(runtime="compiled"))
 
 
 @pytest.mark.slow  # ~60 s: a real compile
-def test_the_default_compiled_runner_serves_two_instances_without_recompiling(base_dir):
+def test_the_compiled_runner_serves_two_instances_without_recompiling(base_dir):
     from torch._dynamo.utils import counters
 
     from squant.serve.loading import engine_for
 
-    config = ServeConfig(instances=2, cores_per_instance=1, max_batch_requests=4)
+    config = ServeConfig(instances=2, cores_per_instance=1, max_batch_requests=4, runtime="auto")
     engine = engine_for(base_dir, config)
     assert type(engine.runner).__name__ == "CompiledEncoder"
     engine.start()  # every bucket at batch 1 and its largest batch

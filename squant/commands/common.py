@@ -118,14 +118,14 @@ def ray_init(address: str | None, **options: Any) -> None:
         raise SquantError(f"cannot reach the Ray cluster at {address}: {e}") from None
 
 
-def add_runtime_argument(parser: argparse.ArgumentParser) -> None:
+def add_runtime_argument(parser: argparse.ArgumentParser, default: str, why: str) -> None:
     from ..serve.runtime import RUNTIMES
 
     parser.add_argument(
         "--runtime",
         choices=RUNTIMES,
-        default="auto",
-        help="what runs the batches: auto (default) compiles a squant-quantized model at "
-        "start-up (squant.compile, dynamic shapes, checked against eager; ~1 min) and runs "
-        "float checkpoints eagerly; eager or compiled force either",
+        default=default,
+        help=f"what runs the batches (default {default}: {why}): compiled = squant.compile "
+        "at start-up (dynamic shapes, C++ wrapper, checked against eager; ~1-2 min); auto = "
+        "compiled for a squant-quantized model, eager for a float checkpoint",
     )

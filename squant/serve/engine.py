@@ -114,8 +114,10 @@ class ServeConfig:
     buckets: tuple[int, ...] = BUCKETS
     # what runs the batches of a model loaded from a directory (serve/runtime.py): "auto"
     # compiles squant-quantized models (dynamic shapes, checked against eager at start-up)
-    # and runs float ones eagerly; "eager" / "compiled" force either
-    runtime: Runtime = "auto"
+    # and runs float ones eagerly; "eager" / "compiled" force either. Serving defaults to
+    # eager: compiled served more at peak, but under a 3x overload burst it did not recover
+    # (README, "Serving"); bulk embedding (offline_config) defaults to "auto".
+    runtime: Runtime = "eager"
 
     def __post_init__(self) -> None:
         names = ("max_batch_requests", "max_batch_tokens", "max_queue", "max_inputs")

@@ -2,11 +2,12 @@
 dynamic shapes (one graph for every length bucket and batch size, and one for batch 1, which
 dynamo specializes apart). Shared by `squant serve`, `squant embed` and their Ray forms.
 
-Compiled is the default for squant-quantized models: on real all-MiniLM-L6-v2 static INT8,
-one AVX2 core, it ran 1.22-1.44x the eager model at served shapes (batch 1-8, 32-64 tokens)
-and 1.8x at 16 x 128, and the one dynamic graph ran as fast as graphs compiled per shape
-(README, "Serving"). Float checkpoints stay eager by default: they are served "as they
-are" (FP32), and compiling FP32 gained 1.03x here.
+Bulk embedding compiles squant-quantized models by default ("auto"): on real
+all-MiniLM-L6-v2 static INT8, one AVX2 core, the compiled model ran 1.22-1.44x the eager one
+at batch 1-8 x 32-64 tokens and 1.8x at 16 x 128, and one dynamic graph ran as fast as graphs
+compiled per shape. Serving stays eager by default: compiled served more requests/s at peak,
+but after a 3x overload burst its latency did not come back (README, "Serving"). Float
+checkpoints stay eager under "auto" (compiling FP32 gained 1.03x here).
 """
 
 from __future__ import annotations
@@ -63,9 +64,14 @@ def compiled_runner(
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        compiled = squant_compile(
-            model, CompileConfig(dynamic=True), example_inputs=model_inputs(model, example)
-        )
+        # the C++ wrapper: its model call releases the GIL for the whole forward. With the
+        # Python wrapper each inductor kernel is a Python extension call that keeps the GIL
+        # while it computes: a Python thread on another core ran at 0.62-0.72x its speed
+        # beside it (eager: 0.92-1.28x; C++ wrapper: 0.88-0.89x), and under a 3x overload
+        # burst the starved event loop and tokenizers left p99 at 10-15 s and the server at
+        # 1-2.5 ok/s after it (eager: 3.5 s, recovered in 4 s). Same model speed either way.
+        config = CompileConfig(dynamic=True, cpp_wrapper=True)
+        compiled = squant_compile(model, config, example_inputs=model_inputs(model, example))
     except Exception as e:  # inductor can fail in many ways (a C++ compiler missing, ...)
         reason = f"{type(e).__name__}: {e}".splitlines()[0][:300]
         if required:
