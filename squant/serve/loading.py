@@ -23,8 +23,8 @@ def engine_for(
 ) -> Engine:
     """An Engine (not started) for the model directory at `path`. calib: texts to quantize a
     float checkpoint with at start-up (static INT8, squant's defaults; the report is kept as
-    engine.quantize_report); without it a float checkpoint is served in FP32. Quantized
-    models run compiled unless config.runtime says otherwise (serve/runtime.py)."""
+    engine.quantize_report); without it a float checkpoint is served in FP32.
+    config.runtime decides whether the model is compiled first (serve/runtime.py)."""
     from ..bench.runner import plan
     from ..export import MANIFEST, load_packaged
     from ..models import load_model, load_tokenizer
@@ -36,11 +36,12 @@ def engine_for(
     if pooling_from is not None and not Path(pooling_from).is_dir():
         raise SquantError(f"--pooling-from {pooling_from} is not a directory")
     tokenizer = load_tokenizer(path)
-    already = (path / MANIFEST).is_file() or (path / CONFIG_FILE).is_file()
+    packaged = (path / MANIFEST).is_file()  # a deploy directory: already compiled
+    already = packaged or (path / CONFIG_FILE).is_file()
     if calib is not None and already:
         raise SquantError(f"{path} is already quantized; --calib is for float checkpoints")
     report = None
-    if (path / MANIFEST).is_file():
+    if packaged:
         # a deploy directory: the AOTInductor package (no Python between kernels) at its
         # exported batch (smaller batches are padded). Its Python binding holds the GIL for a
         # whole call, so instances take turns: give one instance all the cores.
@@ -64,9 +65,7 @@ def engine_for(
             model = inner_model(model)
     pooling, normalize = pooling_of(pooling_from or path)
     runner = None
-    if not (path / MANIFEST).is_file() and wants_compiled(
-        config.runtime, model, config.watch_ranges
-    ):
+    if not packaged and wants_compiled(config.runtime, model, config.watch_ranges):
         threads = plan(config.instances, config.cores_per_instance).cores_per_instance
         built = compiled_runner(model, tokenizer, threads, required=config.runtime == "compiled")
         if built is not None:

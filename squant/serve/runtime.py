@@ -67,9 +67,9 @@ def compiled_runner(
         # the C++ wrapper: its model call releases the GIL for the whole forward. With the
         # Python wrapper each inductor kernel is a Python extension call that keeps the GIL
         # while it computes: a Python thread on another core ran at 0.62-0.72x its speed
-        # beside it (eager: 0.92-1.28x; C++ wrapper: 0.88-0.89x), and under a 3x overload
-        # burst the starved event loop and tokenizers left p99 at 10-15 s and the server at
-        # 1-2.5 ok/s after it (eager: 3.5 s, recovered in 4 s). Same model speed either way.
+        # beside it (eager: 0.92-1.28x; C++ wrapper: 0.88-0.89x), at the same model speed.
+        # (It did not cure the slow recovery after an overload burst: that happened with
+        # either wrapper, README "Serving".)
         config = CompileConfig(dynamic=True, cpp_wrapper=True)
         compiled = squant_compile(model, config, example_inputs=model_inputs(model, example))
     except Exception as e:  # inductor can fail in many ways (a C++ compiler missing, ...)
