@@ -121,6 +121,39 @@ def test_compile_refuses_a_model_that_disagrees_with_eager(bert_static):
         squant.compile(q, CompileConfig(float_dtype="bf16", min_cosine=1.0), inputs)
 
 
+def test_auto_float_parts_fall_back_to_fp32_when_bf16_disagrees(bert_static, monkeypatch):
+    """On real MiniLM (AVX512-BF16 host) BF16 float parts gave cosine 0.9983 vs eager and the
+    default compile was refused; "auto" now falls back to FP32 float parts. The first check
+    (BF16) is made to fail here, whatever the CPU, so the fallback path runs."""
+    import types
+
+    import squant.compiler as compiler
+
+    torch._dynamo.reset()
+    _, q = bert_static
+    inputs = token_batches(n=1, seed=8)[0]
+    monkeypatch.setattr(compiler, "cpu_features", lambda: types.SimpleNamespace(native_bf16=True))
+    real_agreement, calls = compiler.agreement, []
+
+    def first_check_fails(reference, output, mask):
+        calls.append(real_agreement(reference, output, mask))
+        return 0.5 if len(calls) == 1 else calls[-1]
+
+    monkeypatch.setattr(compiler, "agreement", first_check_fails)
+    with pytest.warns(UserWarning, match="compiling with FP32 float parts"):
+        compiled = squant.compile(q, CompileConfig(), inputs)
+    assert compiled.float_dtype == torch.float32
+    assert len(calls) == 2
+    info = compiled.describe()
+    assert info["selection"]["refused_float"]["bf16"]["gemm:onednn"]["cosine"] == 0.5
+    assert info["selection"]["gemm:onednn"]["status"] == "ok"
+    assert compiled.check_cosine == calls[1] > 0.9999
+    # an explicit dtype is never swapped for another: refused outright
+    calls.clear()
+    with pytest.raises(squant.SquantError, match="Try float_dtype='fp32'"):
+        squant.compile(q, CompileConfig(float_dtype="bf16"), inputs)
+
+
 def test_compile_leaves_global_inductor_config_alone(bert_static):
     torch._dynamo.reset()
     _, q = bert_static
