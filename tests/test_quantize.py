@@ -78,7 +78,9 @@ def test_smoothquant_beats_plain_w8a8_on_outlier_channels(arch, mode):
     ref = run(model, test)
     db = {}
     for alpha in (0.0, 0.5):
-        cfg = squant.SmoothQuantConfig(mode=mode, alpha=alpha)
+        # no float outlier channels: they would fix the outliers themselves (dynamic's default
+        # puts them at every site, where alpha 0 is then the better choice)
+        cfg = squant.SmoothQuantConfig(mode=mode, alpha=alpha, outlier_sites=())
         q = squant.quantize(model, cfg, _batches(model), progress=False)
         db[alpha] = sqnr_db(ref, run(q, test))
     assert db[0.5] > db[0.0] + 1.0, db
