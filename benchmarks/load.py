@@ -29,12 +29,13 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
+from collections import Counter
 from pathlib import Path
-
-import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.http1 import Http1Pool, HTTPError
 from squant.report import format_table
 
 
@@ -68,30 +69,33 @@ def percentile(values: list[float], q: float) -> float | None:
     return v[min(len(v) - 1, int(q / 100 * len(v)))]
 
 
-async def references(client: httpx.AsyncClient, url: str, pool: list[str]) -> list[list[float]]:
+async def references(client: Http1Pool, pool: list[str]) -> list[list[float]]:
     out = []
     for text in pool:  # one at a time: no batching can touch the reference
-        r = await client.post(f"{url}/embed", json={"inputs": text})
-        r.raise_for_status()
+        r = await client.post_json("/embed", {"inputs": text})
+        if r.status_code != 200:
+            raise SystemExit(f"reference request failed: HTTP {r.status_code} {r.text[:200]}")
         out.append(r.json()[0])
     return out
 
 
 async def send_one(
-    client: httpx.AsyncClient,
-    url: str,
+    client: Http1Pool,
     text: str,
     ref: list[float],
     rec: dict,
     min_cosine: float,
     start: float,
 ) -> None:
-    """One request; its code, latency, finish time and whether it matched go into rec."""
-    t0 = time.perf_counter()
+    """One request; its code, latency, finish time and whether it matched go into rec.
+    Latency counts from rec["t"], when the request was due (its arrival time), not from
+    when the client got round to sending it: waiting for a connection is the server's
+    latency too, as a user sees it."""
+    t0 = start + rec["t"]
     try:
-        r = await client.post(f"{url}/embed", json={"inputs": text})
-    except httpx.HTTPError as e:
-        rec["error"] = type(e).__name__
+        r = await client.post_json("/embed", {"inputs": text})
+    except HTTPError as e:
+        rec["error"] = str(e).split(":")[0]  # the kind: ConnectionResetError, TimeoutError...
         return
     rec["code"] = r.status_code
     rec["ms"] = 1e3 * (time.perf_counter() - t0)
@@ -101,8 +105,7 @@ async def send_one(
 
 
 async def run_closed(
-    client: httpx.AsyncClient,
-    url: str,
+    client: Http1Pool,
     pool: list[str],
     refs: list[list[float]],
     clients: int,
@@ -123,15 +126,14 @@ async def run_closed(
             i = rng.randrange(len(pool))
             rec = {"t": round(time.perf_counter() - start, 4), "phase": 0}
             records.append(rec)
-            await send_one(client, url, pool[i], refs[i], rec, min_cosine, start)
+            await send_one(client, pool[i], refs[i], rec, min_cosine, start)
 
     await asyncio.gather(*(sender() for _ in range(clients)))
     return {**summarize(records, 0.0, duration), "clients": clients}
 
 
 async def run_phases(
-    client: httpx.AsyncClient,
-    url: str,
+    client: Http1Pool,
     pool: list[str],
     refs: list[list[float]],
     phases: list[tuple[float, float]],
@@ -145,7 +147,7 @@ async def run_phases(
     sent: list[dict] = []
 
     async def one(i: int, rec: dict) -> None:
-        await send_one(client, url, pool[i], refs[i], rec, min_cosine, start)
+        await send_one(client, pool[i], refs[i], rec, min_cosine, start)
 
     tasks = []
     start = time.perf_counter()
@@ -188,13 +190,13 @@ def summarize(records: list[dict], rate: float, seconds: float) -> dict:
         "codes": codes,
         "mismatches": sum(1 for r in records if r.get("match") is False),
         "connection_errors": sum(1 for r in records if "error" in r),
+        "errors": dict(Counter(r["error"] for r in records if "error" in r)),
         "seconds": elapsed,
     }
 
 
 async def run_rate(
-    client: httpx.AsyncClient,
-    url: str,
+    client: Http1Pool,
     pool: list[str],
     refs: list[list[float]],
     rate: float,
@@ -202,7 +204,7 @@ async def run_rate(
     min_cosine: float,
     seed: int,
 ) -> dict:
-    records = await run_phases(client, url, pool, refs, [(rate, duration)], min_cosine, seed)
+    records = await run_phases(client, pool, refs, [(rate, duration)], min_cosine, seed)
     return summarize(records, rate, duration)
 
 
@@ -210,9 +212,10 @@ def wait_ready(url: str, timeout: float = 600.0) -> None:
     end = time.time() + timeout
     while time.time() < end:
         try:
-            if httpx.get(f"{url}/ready", timeout=2.0).status_code == 200:
-                return
-        except httpx.HTTPError:
+            with urllib.request.urlopen(f"{url}/ready", timeout=2.0) as r:
+                if r.status == 200:
+                    return
+        except (OSError, ValueError):  # refused, 503 (HTTPError), timeout
             pass
         time.sleep(1.0)
     raise SystemExit(f"{url} did not become ready in {timeout:.0f} s")
@@ -306,11 +309,11 @@ SERVER_COUNTERS = (
 )
 
 
-async def server_counters(client: httpx.AsyncClient, url: str) -> dict[str, float]:
+async def server_counters(client: Http1Pool) -> dict[str, float]:
     """squant serve's own batch counters from /metrics ({} from a server without them)."""
     try:
-        text = (await client.get(f"{url}/metrics")).text
-    except httpx.HTTPError:
+        text = (await client.get("/metrics")).text
+    except HTTPError:
         return {}
     values = {}
     for line in text.splitlines():
@@ -338,25 +341,24 @@ def batch_shape(before: dict[str, float], after: dict[str, float], seconds: floa
 
 async def main_async(args: argparse.Namespace, pid: int | None) -> dict:
     pool = read_pool(args.texts, args.pool, join=args.join)
-    limits = httpx.Limits(max_connections=args.max_connections)
-    async with httpx.AsyncClient(timeout=args.timeout, limits=limits) as client:
-        refs = await references(client, args.url, pool)
+    async with Http1Pool(args.url, args.max_connections, args.timeout) as client:
+        refs = await references(client, pool)
         if args.burst:
             base = args.rates[0]
             phases = [(base, args.duration), (args.burst, args.burst_seconds)]
             phases.append((base, args.duration))
             with MemorySampler(pid) as mem:
-                records = await run_phases(client, args.url, pool, refs, phases, args.min_cosine, 0)
+                records = await run_phases(client, pool, refs, phases, args.min_cosine, 0)
             report = burst_report(records, phases, mem.samples)
             return {"url": args.url, "label": args.label, "pool": len(pool), "burst": report}
         if args.closed:
             # a short unmeasured run first: connections open, every batch shape seen
-            await run_closed(client, args.url, pool, refs, args.closed, 3.0, 0.0, 99)
-            before = await server_counters(client, args.url)
+            await run_closed(client, pool, refs, args.closed, 3.0, 0.0, 99)
+            before = await server_counters(client)
             row = await run_closed(
-                client, args.url, pool, refs, args.closed, args.duration, args.min_cosine, 0
+                client, pool, refs, args.closed, args.duration, args.min_cosine, 0
             )
-            shape = batch_shape(before, await server_counters(client, args.url), args.duration)
+            shape = batch_shape(before, await server_counters(client), args.duration)
             if shape:
                 row["server_batches"] = shape
                 print(
@@ -368,11 +370,7 @@ async def main_async(args: argparse.Namespace, pid: int | None) -> dict:
             return {"url": args.url, "label": args.label, "pool": len(pool), "results": [row]}
         rows = []
         for i, rate in enumerate(args.rates):
-            rows.append(
-                await run_rate(
-                    client, args.url, pool, refs, rate, args.duration, args.min_cosine, i
-                )
-            )
+            rows.append(await run_rate(client, pool, refs, rate, args.duration, args.min_cosine, i))
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     return {"url": args.url, "label": args.label, "pool": len(pool), "results": rows}
 
