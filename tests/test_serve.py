@@ -8,6 +8,7 @@ import torch
 
 pytest.importorskip("fastapi")
 pytest.importorskip("httpx")
+pytest.importorskip("orjson")
 
 from fastapi.testclient import TestClient
 

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import numpy as np
+import orjson
 import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -243,8 +244,10 @@ def create_app(engine: Engine, model_name: str = "squant", grace_s: float = 30.0
         labels = hf_config(engine.model).id2label or {}
         out = []
         for r in rows:
-            probs = torch.softmax(r, dim=-1)
-            order = torch.argsort(probs, descending=True).tolist()
+            logits = r.numpy().astype(np.float64)
+            probs = np.exp(logits - logits.max())
+            probs /= probs.sum()
+            order = np.argsort(-probs, kind="stable").tolist()
             out.append([{"label": labels.get(i, str(i)), "score": float(probs[i])} for i in order])
         return out
 
@@ -315,10 +318,15 @@ def create_app(engine: Engine, model_name: str = "squant", grace_s: float = 30.0
 
 
 def _json(content: Any) -> Response:
-    return Response(json.dumps(content, separators=(",", ":")), media_type="application/json")
+    # orjson writes numpy rows itself: a 384-float embedding took ~260 us through torch's
+    # normalize, tolist and json.dumps, ~10 us this way, on the core the model runs on
+    return Response(
+        orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json"
+    )
 
 
-def _vector(row: torch.Tensor, normalize: bool) -> list[float]:
-    if normalize:
-        row = torch.nn.functional.normalize(row, dim=-1)
-    return row.tolist()
+def _vector(row: torch.Tensor, normalize: bool) -> np.ndarray:
+    vector = row.numpy()
+    if normalize:  # as torch.nn.functional.normalize: divided by max(norm, 1e-12)
+        vector = vector / max(float(np.linalg.norm(vector)), 1e-12)
+    return vector
