@@ -479,6 +479,29 @@ def test_malloc_arenas_are_capped_on_glibc():
     assert limit_malloc_arenas(8) is True  # glibc's own default scale: harmless to the suite
 
 
+def test_startup_objects_are_frozen_and_new_garbage_is_still_collected():
+    import gc
+    import weakref
+
+    from squant.serve.engine import freeze_startup_objects
+
+    class Node:
+        pass
+
+    try:
+        kept = Node()
+        assert freeze_startup_objects() > 0
+        assert not gc.is_tracked(kept) or kept not in gc.get_objects()  # out of the GC's sight
+        cycle = Node()
+        cycle.me = cycle  # a reference cycle made after the freeze: only the GC frees it
+        gone = weakref.ref(cycle)
+        del cycle
+        gc.collect()
+        assert gone() is None
+    finally:
+        gc.unfreeze()  # the rest of the suite runs with the usual collector
+
+
 def test_a_float_checkpoint_is_quantized_at_start_up_with_calib(
     tiny_checkpoint, calib_jsonl, deploy_dir, tmp_path
 ):

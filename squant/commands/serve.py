@@ -151,6 +151,7 @@ def run(args: argparse.Namespace) -> None:
         import uvicorn
 
         from ..serve.app import create_app
+        from ..serve.engine import freeze_startup_objects
     except ImportError as e:
         raise SquantError(
             f"squant serve needs the serve extra: pip install 'squant[serve]' ({e})"
@@ -168,6 +169,7 @@ def run(args: argparse.Namespace) -> None:
     )
     engine.start()
     app = create_app(engine, Path(args.model).name)
+    freeze_startup_objects()
     uvicorn.run(app, host=args.host, port=args.port, access_log=args.access_log)
 
 

@@ -196,6 +196,20 @@ def release_free_memory() -> bool:
     return bool(libc.malloc_trim(0)) if libc is not None else False
 
 
+def freeze_startup_objects() -> int:
+    """Move every object alive now (torch, transformers, the model, compiled graphs) out of
+    the cyclic garbage collector's sight (gc.freeze) and return how many. They live as long
+    as the server; a full collection walked them all: real MiniLM compiled, 914k objects,
+    530-780 ms per full collection, a stall of the event loop and of the workers' Python
+    under traffic. Afterwards a full collection scans only what requests allocated. Call it
+    once loading and warm-up are done."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
+
+
 def limit_malloc_arenas(count: int) -> bool:
     """Cap glibc's malloc arenas (mallopt M_ARENA_MAX; arenas made later obey it). False
     where there is no glibc (musl, macOS): nothing to do there."""

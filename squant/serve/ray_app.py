@@ -52,6 +52,7 @@ def application(
 
     def build_app() -> Any:  # runs inside each replica
         from .app import create_app
+        from .engine import freeze_startup_objects
         from .loading import engine_for
 
         rank = serve.get_replica_context().rank
@@ -62,7 +63,9 @@ def application(
         engine = engine_for(model, config, pooling_from, calib)
         engine.start()
         _REPLICA_ENGINE.append(engine)  # this replica process's engine, for check_health
-        return create_app(engine, name)
+        app = create_app(engine, name)
+        freeze_startup_objects()
+        return app
 
     @serve.ingress(build_app)
     class SquantReplica:
