@@ -240,7 +240,6 @@ def write_shards(
 def offline_config(**settings: Any) -> ServeConfig:
     """The engine settings of bulk embedding (local or on Ray): nothing waits for an answer,
     so nothing expires and no queued-time limit refuses work."""
-    settings.setdefault("runtime", "auto")  # no front end to starve: compiled where it can
     return ServeConfig(max_queue=4096, timeout_s=1e9, max_queue_ms=0, **settings)
 
 

@@ -35,7 +35,7 @@ def test_two_replicas_answer_and_agree(base_dir):
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        config = ServeConfig(instances=1, cores_per_instance=1)
+        config = ServeConfig(instances=1, cores_per_instance=1, runtime="eager")
         serve.run(application(base_dir, config, replicas=2, cores_per_replica=1))
         url = f"http://127.0.0.1:{port}"
         deadline = time.time() + 120

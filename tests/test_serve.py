@@ -512,7 +512,8 @@ def test_a_float_checkpoint_is_quantized_at_start_up_with_calib(
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    layout = ["--instances", "1", "--cores-per-instance", "1"]
+    # eager: what is checked here is the quantization at start-up (compiling: tests below)
+    layout = ["--instances", "1", "--cores-per-instance", "1", "--runtime", "eager"]
     args = parser.parse_args([str(tiny_checkpoint), *layout, "--calib", str(calib_jsonl)])
     engine = build_engine(args)
     assert any(isinstance(m, QuantLinear) for m in engine.model.modules())
@@ -583,8 +584,8 @@ def test_auto_compiles_quantized_directories_at_the_workers_thread_count(
 
     monkeypatch.setattr(squant, "compile", fake_compile)
     before = torch.get_num_threads()
-    assert ServeConfig().runtime == "eager"  # serving: compiled is opt-in (see README)
-    engine = engine_for(base_dir, ServeConfig(instances=1, cores_per_instance=1, runtime="auto"))
+    assert ServeConfig().runtime == "auto"  # serving compiles quantized models by default
+    engine = engine_for(base_dir, ServeConfig(instances=1, cores_per_instance=1))
     assert isinstance(engine.runner, _FakeCompiled) and engine.runner.model is engine.model
     ((threads, compile_config, mask),) = calls
     # compiled at the workers' thread count (dynamo guards it), for every shape, with the C++

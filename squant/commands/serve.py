@@ -62,8 +62,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     add_runtime_argument(
         p,
-        "eager",
-        "compiled served up to 1.3x more at peak, but did not recover from a 3x overload burst",
+        "auto",
+        "compiled where the model is quantized; start-up takes 1-2 minutes longer",
     )
     p.add_argument(
         "--access-log",

@@ -114,11 +114,10 @@ class ServeConfig:
     trim_interval_s: float = 5.0
     buckets: tuple[int, ...] = BUCKETS
     # what runs the batches of a model loaded from a directory (serve/runtime.py): "auto"
-    # compiles squant-quantized models (dynamic shapes, checked against eager at start-up)
-    # and runs float ones eagerly; "eager" / "compiled" force either. Serving defaults to
-    # eager: compiled served more at peak, but under a 3x overload burst it did not recover
-    # (README, "Serving"); bulk embedding (offline_config) defaults to "auto".
-    runtime: Runtime = "eager"
+    # compiles squant-quantized models (dynamic shapes, checked against eager at start-up;
+    # if compiling fails, says why and runs eagerly) and runs float ones eagerly; "eager" /
+    # "compiled" force either. Start-up takes 1-2 minutes longer with a cold inductor cache.
+    runtime: Runtime = "auto"
 
     def __post_init__(self) -> None:
         names = ("max_batch_requests", "max_batch_tokens", "max_queue", "max_inputs")
