@@ -251,7 +251,7 @@ def create_app(engine: Engine, model_name: str = "squant", grace_s: float = 30.0
         labels = hf_config(engine.model).id2label or {}
         out = []
         for r in rows:
-            logits = r.numpy().astype(np.float64)
+            logits: np.ndarray = r.numpy().astype(np.float64)
             probs = np.exp(logits - logits.max())
             probs /= probs.sum()
             order = np.argsort(-probs, kind="stable").tolist()

@@ -503,9 +503,9 @@ class Engine:
         pad = int(getattr(self.tokenizer, "pad_token_id", 0) or 0)
         # filled in numpy, then shared with torch: per-row torch copies took ~180 us a batch of
         # 5 (12 us this way) under the GIL that the HTTP front end on this core waits for
-        ids = np.full((len(batch), width), pad, dtype=np.int64)
-        mask = np.zeros((len(batch), width), dtype=np.int64)
-        types = np.zeros((len(batch), width), dtype=np.int64)
+        ids: np.ndarray = np.full((len(batch), width), pad, dtype=np.int64)
+        mask: np.ndarray = np.zeros((len(batch), width), dtype=np.int64)
+        types: np.ndarray = np.zeros((len(batch), width), dtype=np.int64)
         for i, s in enumerate(batch):
             n = len(s.ids)
             ids[i, :n] = s.ids
