@@ -38,6 +38,7 @@ from ..data import Text
 from ..mappings import hf_config
 from ..record import record_of
 from .engine import Admission, DeadlineExceededError, Engine, OverloadedError
+from .fast_path import FastRoute
 from .front_door import FrontDoor
 
 MAX_BODY_BYTES = 2 * 2**20
@@ -114,9 +115,7 @@ def create_app(engine: Engine, model_name: str = "squant", grace_s: float = 30.0
 
     @app.exception_handler(ApiError)
     async def _api_error(_req: Request, e: ApiError) -> JSONResponse:
-        return JSONResponse(
-            {"error": e.message, "error_type": e.kind}, status_code=e.status, headers=e.headers
-        )
+        return _error(e)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_req: Request, e: StarletteHTTPException) -> JSONResponse:
@@ -137,6 +136,14 @@ def create_app(engine: Engine, model_name: str = "squant", grace_s: float = 30.0
         )
 
     known_routes: set[str] = set()  # filled once every route below is declared
+    # added first, so it runs inside the front door (counted, refused early when overloaded)
+    app.add_middleware(
+        FastRoute,
+        path="/embed",
+        parse=_plain_embed_body,
+        handle=lambda *args: embed_fast(*args),
+        max_body_bytes=MAX_BODY_BYTES,
+    )
     app.add_middleware(
         FrontDoor,
         engine=engine,
@@ -214,13 +221,22 @@ def create_app(engine: Engine, model_name: str = "squant", grace_s: float = 30.0
         if engine.task != task:
             raise ApiError(422, f"this model serves /{engine.task}, not /{task}", "wrong_route")
 
-    @app.post("/embed", response_model=list[list[float]])
-    async def embed(body: EmbedRequest) -> Response:
+    async def _embed(inputs: str | list[str], normalize: bool | None, truncate: bool) -> Response:
         _need("embed")
-        rows, _ = await _run(_texts(body.inputs), body.truncate)
-        normalize = engine.normalize_default if body.normalize is None else body.normalize
+        rows, _ = await _run(_texts(inputs), truncate)
+        normalize = engine.normalize_default if normalize is None else normalize
         # written directly: floats from the model need no validation or encoder walk
         return _json([_vector(r, normalize) for r in rows])
+
+    @app.post("/embed", response_model=list[list[float]])
+    async def embed(body: EmbedRequest) -> Response:
+        return await _embed(body.inputs, body.normalize, body.truncate)
+
+    async def embed_fast(inputs: str | list[str], normalize: bool | None, truncate: bool) -> Any:
+        try:
+            return await _embed(inputs, normalize, truncate)
+        except ApiError as e:
+            return _error(e)
 
     @app.post("/v1/embeddings")
     async def openai_embeddings(body: OpenAIEmbeddingRequest) -> Response:
@@ -322,6 +338,30 @@ def create_app(engine: Engine, model_name: str = "squant", grace_s: float = 30.0
 
     known_routes.update(getattr(r, "path", "") for r in app.routes)
     return app
+
+
+def _error(e: ApiError) -> JSONResponse:
+    return JSONResponse(
+        {"error": e.message, "error_type": e.kind}, status_code=e.status, headers=e.headers
+    )
+
+
+def _plain_embed_body(payload: Any) -> tuple[Any, ...] | None:
+    """EmbedRequest's fields when the body has exactly their types (no coercion needed),
+    else None: FastAPI then validates it and writes the documented error."""
+    if not isinstance(payload, dict):
+        return None
+    inputs = payload.get("inputs")
+    normalize = payload.get("normalize")
+    truncate = payload.get("truncate", True)
+    plain_inputs = isinstance(inputs, str) or (
+        isinstance(inputs, list) and all(isinstance(x, str) for x in inputs)
+    )
+    if not plain_inputs or not isinstance(truncate, bool):
+        return None
+    if normalize is not None and not isinstance(normalize, bool):
+        return None
+    return inputs, normalize, truncate
 
 
 def _chars(texts: list[Text]) -> int:
