@@ -160,10 +160,15 @@ def quantize_checkpoint(
         else models.load_model(checkpoint, task)
     )
     limit = max_positions(model)
+    if st is not None and st.max_seq_length:
+        # sentence-transformers truncates there (256 for all-MiniLM-L6-v2 of 512 positions):
+        # calibrate on what it will see, and keep its tokenizer, which carries that length
+        # into the saved directory (the server truncates where it says)
+        limit = min(limit, st.max_seq_length)
     max_length = s.max_length or min(128, limit)
     if max_length > limit:
         raise SquantError(f"--max-length {max_length} exceeds the model's {limit} positions")
-    tokenizer = models.load_tokenizer(checkpoint)
+    tokenizer = st.tokenizer if st is not None else models.load_tokenizer(checkpoint)
     coverage = min(s.coverage_length or limit, limit) if s.coverage else None
     batches = data.tokenize(tokenizer, calib_texts, s.batch_size, max_length, coverage)
     held_batches = data.tokenize(tokenizer, held, s.batch_size, max_length) if held else []

@@ -146,11 +146,12 @@ def embed_file_on_ray(
         import ray
     except ImportError:
         raise SquantError("--ray needs the ray extra: pip install 'squant[ray]'") from None
-    from .serve.engine import pooling_of
+    from .serve.engine import sentence_settings
 
     model = str(Path(model).resolve())
-    pooling, default_normalize = pooling_of(Path(pooling_from or model))
-    normalize = default_normalize if normalize is None else normalize
+    st = sentence_settings(Path(pooling_from or model))
+    pooling = st.pooling
+    normalize = st.normalize if normalize is None else normalize
     ray.data.DataContext.get_current().execution_options.preserve_order = True
 
     def embed_shards(shards: list[list[str]]) -> list[torch.Tensor]:

@@ -118,3 +118,71 @@ def test_a_hub_id_resolves_through_the_cache_offline(tiny_checkpoint, tmp_path, 
     assert type(model).__name__ == "BertForSequenceClassification"
     with pytest.raises(SquantError, match="fetching it from the Hugging Face Hub failed"):
         resolve("acme/not-cached")
+
+
+# --- serving ---------------------------------------------------------------------------------
+
+
+def test_serving_truncates_where_sentence_transformers_does(st_dir):
+    """The server cuts at the directory's max_seq_length (48 here; 256 for all-MiniLM-L6-v2),
+    not at the model's 512 positions, so a long text embeds as sentence-transformers embeds
+    it; buckets and the advertised length follow."""
+    from squant.embed import embed_texts
+    from squant.serve.engine import ServeConfig
+    from squant.serve.loading import engine_for
+
+    config = ServeConfig(instances=1, cores_per_instance=1, runtime="eager")
+    engine = engine_for(st_dir, config)
+    assert engine.max_length == 48 and engine.buckets == (16, 32, 48)
+    long = " ".join(WORDS * 3)
+    assert len(engine.tokenizer(long)["input_ids"]) > 100
+    engine.start()
+    try:
+        got = embed_texts(engine, [long, "a dog"], normalize=True)
+        with pytest.raises(ValueError, match="exceeds the model's 48"):
+            engine.tokenize([long], truncate=False)
+    finally:
+        engine.stop(1.0)
+    ref = _float(st_dir).encode([long, "a dog"], convert_to_tensor=True)
+    assert float(torch.nn.functional.cosine_similarity(ref, got).min()) > 0.9999
+
+
+def test_a_legacy_max_seq_length_wins_and_a_bad_one_is_a_clear_error(st_dir, tmp_path):
+    """Directories from sentence-transformers < 6 (all-MiniLM-L6-v2 as published) state
+    max_seq_length in sentence_bert_config.json, over the tokenizer's model_max_length."""
+    import json
+
+    from squant.serve.engine import ServeConfig, sentence_settings
+    from squant.serve.loading import engine_for
+
+    legacy = tmp_path / "legacy"
+    shutil.copytree(st_dir, legacy)
+    (legacy / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 40}))
+    assert sentence_settings(legacy).max_seq_length == 40
+    config = ServeConfig(instances=1, cores_per_instance=1, runtime="eager")
+    assert engine_for(legacy, config).max_length == 40
+    assert st_lib.SentenceTransformer(str(legacy), device="cpu").max_seq_length == 40
+    (legacy / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": "long"}))
+    with pytest.raises(SquantError, match="max_seq_length 'long' is not a positive integer"):
+        sentence_settings(legacy)
+
+
+def test_a_quantized_directory_keeps_the_max_seq_length_of_a_legacy_one(
+    st_dir, calib_jsonl, tmp_path
+):
+    """all-MiniLM-L6-v2 as published: max_seq_length 256 in sentence_bert_config.json, 512 in
+    its tokenizer. `squant quantize` must carry 256 into what it writes, or the loaded model
+    and the server would truncate at 512."""
+    import json
+
+    from squant.serve.engine import ServeConfig
+    from squant.serve.loading import engine_for
+
+    legacy = tmp_path / "legacy"
+    shutil.copytree(st_dir, legacy)
+    (legacy / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 40}))
+    out = tmp_path / "q"
+    assert main(["quantize", str(legacy), "--calib", str(calib_jsonl), "--out", str(out)]) == 0
+    assert squant.load(out).max_seq_length == 40
+    config = ServeConfig(instances=1, cores_per_instance=1, runtime="eager")
+    assert engine_for(out, config).max_length == 40

@@ -221,27 +221,58 @@ def limit_malloc_arenas(count: int) -> bool:
         return False
 
 
-def pooling_of(path: str | os.PathLike[str] | None) -> tuple[str, bool]:
-    """(pooling, normalize) from a sentence-transformers directory; ("mean", False) if none."""
+@dataclass(frozen=True)
+class SentenceSettings:
+    """What a sentence-transformers directory says about serving its model: the pooling, whether
+    it normalizes, and max_seq_length (where it truncates, often below the model's positions:
+    256 for all-MiniLM-L6-v2, whose BERT has 512). Directories written before
+    sentence-transformers 6 keep it in sentence_bert_config.json, read here; later ones in the
+    tokenizer's model_max_length, which the Engine reads. A server that truncated at 512 instead
+    embeds long texts unlike sentence-transformers does (real MiniLM, a 600-word text: cosine
+    0.64 against ST's own output)."""
+
+    pooling: str = "mean"
+    normalize: bool = False
+    max_seq_length: int | None = None
+
+
+def sentence_settings(path: str | os.PathLike[str] | None) -> SentenceSettings:
+    """The SentenceSettings of a sentence-transformers directory; the defaults (mean pooling,
+    no normalization, the model's own length) for any other directory."""
     if path is None:
-        return "mean", False
+        return SentenceSettings()
     root = Path(path)
-    pooling, normalize = "mean", False
     modules = root / "modules.json"
-    if modules.is_file():
-        try:
-            entries = json.loads(modules.read_text())
-            for m in entries:
-                kind = str(m.get("type", ""))
-                if kind.endswith("Normalize"):
-                    normalize = True
-                if kind.endswith("Pooling"):
-                    cfg = json.loads((root / str(m.get("path", "")) / "config.json").read_text())
-                    if cfg.get("pooling_mode_cls_token"):
-                        pooling = "cls"
-        except (OSError, ValueError, TypeError, AttributeError) as e:
-            raise SquantError(f"{modules}: unreadable sentence-transformers config ({e})") from None
-    return pooling, normalize
+    if not modules.is_file():
+        return SentenceSettings()
+    pooling, normalize, max_seq_length = "mean", False, None
+    try:
+        entries = json.loads(modules.read_text())
+        for m in entries:
+            kind = str(m.get("type", ""))
+            if kind.endswith("Normalize"):
+                normalize = True
+            if kind.endswith("Pooling"):
+                cfg = json.loads((root / str(m.get("path", "")) / "config.json").read_text())
+                if cfg.get("pooling_mode_cls_token"):
+                    pooling = "cls"
+        st_config = root / "sentence_bert_config.json"
+        if st_config.is_file():
+            value = json.loads(st_config.read_text()).get("max_seq_length")
+            if value is not None:
+                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                    raise ValueError(f"max_seq_length {value!r} is not a positive integer")
+                max_seq_length = value
+    except (OSError, ValueError, TypeError, AttributeError) as e:
+        raise SquantError(f"{modules}: unreadable sentence-transformers config ({e})") from None
+    return SentenceSettings(pooling, normalize, max_seq_length)
+
+
+def _tokenizer_limit(tokenizer: Any) -> int:
+    """The tokenizer's model_max_length, or a huge number where it has none (transformers'
+    placeholder for "not set" is 1e30)."""
+    limit = getattr(tokenizer, "model_max_length", None)
+    return limit if isinstance(limit, int) and 0 < limit < 1_000_000 else 1_000_000
 
 
 class Engine:
@@ -253,7 +284,11 @@ class Engine:
         pooling: str = "mean",
         normalize_default: bool = False,
         runner: Any = None,
+        max_length: int | None = None,
     ) -> None:
+        """max_length: where inputs are truncated (or refused), never beyond the model's
+        positions; None: the tokenizer's model_max_length (where sentence-transformers 6 keeps
+        max_seq_length, and where Hugging Face pipelines truncate), else the positions."""
         self.model = model.eval()
         # what runs the batches: the model itself, or a compiled form of it (squant.compile
         # with dynamic shapes: one graph for every bucket and batch size)
@@ -262,7 +297,7 @@ class Engine:
         self.config = config or ServeConfig()
         self.pooling = pooling
         self.normalize_default = normalize_default
-        self.max_length = max_positions(model)
+        self.max_length = min(max_positions(model), max_length or _tokenizer_limit(tokenizer))
         self.buckets = (*(b for b in self.config.buckets if b < self.max_length), self.max_length)
         self.placement = plan(self.config.instances, self.config.cores_per_instance)
         self.stats = Stats()

@@ -11,7 +11,7 @@ from pathlib import Path
 from torch import nn
 
 from ..errors import SquantError
-from .engine import Engine, ServeConfig, pooling_of
+from .engine import Engine, ServeConfig, sentence_settings
 from .runtime import compiled_runner, wants_compiled
 
 
@@ -61,15 +61,23 @@ def engine_for(
         model, report = quantized.encoder, quantized.report
     else:
         model = load(path) if (path / CONFIG_FILE).is_file() else load_model(path)
-        if is_sentence_transformer(model):  # pooling comes from its modules (pooling_of)
+        if is_sentence_transformer(model):  # pooling etc. from its modules (sentence_settings)
             model = inner_model(model)
-    pooling, normalize = pooling_of(pooling_from or path)
+    st = sentence_settings(pooling_from or path)
     runner = None
     if not packaged and wants_compiled(config.runtime, model, config.watch_ranges):
         threads = plan(config.instances, config.cores_per_instance).cores_per_instance
         built = compiled_runner(model, tokenizer, threads, required=config.runtime == "compiled")
         if built is not None:
             model, runner = built
-    engine = Engine(model, tokenizer, config, pooling, normalize, runner=runner)
+    engine = Engine(
+        model,
+        tokenizer,
+        config,
+        st.pooling,
+        st.normalize,
+        runner=runner,
+        max_length=st.max_seq_length,
+    )
     engine.quantize_report = report
     return engine
