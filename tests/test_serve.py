@@ -2,6 +2,9 @@
 FastAPI's in-process test client)."""
 
 import concurrent.futures
+import os
+import threading
+from typing import Any
 
 import pytest
 import torch
@@ -648,3 +651,31 @@ def test_the_compiled_runner_serves_two_instances_without_recompiling(base_dir):
         engine.stop(1.0)
     # traffic on worker threads, across buckets and batch sizes, built no new graph
     assert counters["stats"]["unique_graphs"] == graphs
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="needs Linux and two cores",
+)
+def test_the_front_end_moves_off_the_instances_cores():
+    from squant.bench.runner import Placement
+    from squant.serve.engine import pin_front_end
+
+    cores = sorted(os.sched_getaffinity(0))
+    seen: dict[str, Any] = {}
+
+    def in_a_thread():  # affinity is per thread: keep pytest's own thread as it is
+        seen["spare"] = pin_front_end(Placement(1, 1, ((cores[0],),)))
+        seen["now"] = os.sched_getaffinity(0)
+        child = threading.Thread(target=lambda: seen.setdefault("child", os.sched_getaffinity(0)))
+        child.start()
+        child.join()
+        seen["none_left"] = pin_front_end(Placement(1, len(cores), (tuple(cores),)))
+
+    t = threading.Thread(target=in_a_thread)
+    t.start()
+    t.join()
+    assert seen["spare"] == tuple(cores[1:])
+    assert seen["now"] == seen["child"] == set(cores[1:])  # threads started later inherit it
+    assert seen["none_left"] == ()
+    assert os.sched_getaffinity(0) == set(cores)

@@ -151,7 +151,7 @@ def run(args: argparse.Namespace) -> None:
         import uvicorn
 
         from ..serve.app import create_app
-        from ..serve.engine import freeze_startup_objects
+        from ..serve.engine import freeze_startup_objects, pin_front_end
     except ImportError as e:
         raise SquantError(
             f"squant serve needs the serve extra: pip install 'squant[serve]' ({e})"
@@ -168,6 +168,12 @@ def run(args: argparse.Namespace) -> None:
         f"{engine.placement.instances} instance(s) x {engine.placement.cores_per_instance} core(s)"
     )
     engine.start()
+    spare = pin_front_end(engine.placement)
+    used = [list(c) for c in engine.placement.cores]
+    print(
+        f"instances on cores {used}; HTTP and tokenization on "
+        + (f"cores {list(spare)}" if spare else "the same cores (none left over)")
+    )
     app = create_app(engine, Path(args.model).name)
     freeze_startup_objects()
     uvicorn.run(app, host=args.host, port=args.port, access_log=args.access_log)

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..bench.runner import plan
+from ..bench.runner import Placement, plan
 from ..errors import SquantError
 from ..mappings import max_positions, model_inputs
 from ..monitor import RangeMonitor
@@ -207,6 +207,21 @@ def freeze_startup_objects() -> int:
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
+
+
+def pin_front_end(placement: Placement) -> tuple[int, ...]:
+    """Move the calling thread, and the threads it starts afterwards (uvicorn's event loop
+    runs on it; asyncio's tokenizer pool is started from it), onto the cores no instance
+    uses, so HTTP, JSON and tokenization stay off the model's cores. Returns those cores; ()
+    when the instances use every core (the front end then shares them) or off Linux. Call it
+    after Engine.start: the workers pin themselves, and warm-up runs on the calling thread."""
+    if not hasattr(os, "sched_setaffinity"):
+        return ()
+    used = {c for group in placement.cores for c in group}
+    spare = tuple(sorted(set(os.sched_getaffinity(0)) - used))
+    if spare:
+        os.sched_setaffinity(0, spare)
+    return spare
 
 
 def limit_malloc_arenas(count: int) -> bool:
