@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -110,10 +109,9 @@ def main() -> None:
         return
 
     from squant.bench.runner import plan
+    from squant.serve.engine import BUCKETS, pin_front_end
 
     placement = plan(args.instances, args.cores_per_instance)
-    used = {c for group in placement.cores for c in group}
-    spare = set(os.sched_getaffinity(0)) - used
     url = f"http://127.0.0.1:{args.port}"
     layout = [
         "--instances",
@@ -129,15 +127,14 @@ def main() -> None:
     helper = None
     try:
         wait_ready(url)
-        if spare:  # the load generator beside the server's front end, off the instances
-            os.sched_setaffinity(0, spare)
+        # the load generator beside the server's front end, off the instances' cores
+        spare = pin_front_end(placement)
         pool = read_pool(args.texts, args.pool, join=args.join)
         refs = asyncio.run(reference_vectors(url, pool))
         first = asyncio.run(served_window(url, pool, refs, args))
         shape = first["server_batches"]
         batch = max(1, round(shape["mean_batch"]))
-        buckets = (16, 32, 64, 128, 256, 512)
-        seq = next(b for b in buckets if b >= shape["mean_width"] - 0.5)
+        seq = next(b for b in BUCKETS if b >= shape["mean_width"] - 0.5)
         print(
             f"server forms {shape['mean_batch']:.2f} x {shape['mean_width']:.1f}: "
             f"bench at {batch} x {seq}"
@@ -182,7 +179,7 @@ def main() -> None:
     summary = {
         "model": args.model,
         "layout": f"{args.instances}x{args.cores_per_instance}",
-        "front_end_and_client_cores": sorted(spare),
+        "front_end_and_client_cores": list(spare),
         "bench_shape": [batch, seq],
         "first_window_batches": shape,
         "rounds": rows,
