@@ -6,7 +6,8 @@ Input: one text per line (.txt; an empty line is an empty text) or JSONL with a 
 (as for calibration files); row i is the i-th line (.txt) or the i-th non-blank line (.jsonl).
 Output: a directory of Parquet shards, `part-00000.parquet`, ... each holding rows
 [k * shard_rows, (k + 1) * shard_rows) as columns `row` (int64) and `embedding`
-(float32 x dim), plus `embed.json` (model, input size, shard size, pooling).
+(float32 x dim), plus `embed.json` (model, input size, shard size, pooling, normalization,
+truncation length).
 
 Never loses or duplicates a row: a shard is written to a temporary file and renamed into
 place only when complete, so after a crash every shard file present is whole; a rerun with
@@ -91,10 +92,17 @@ def _check_manifest(out: Path, wanted: dict[str, Any]) -> None:
             have = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError) as e:
             raise SquantError(f"{path} is unreadable ({e}); use a new --out") from None
-        differs = sorted(k for k in wanted if have.get(k) != wanted[k])
+        differs = sorted(k for k in wanted if k not in have or have[k] != wanted[k])
         if differs:
+            unknown = [k for k in differs if k not in have]
+            why = (
+                f" (it does not record {', '.join(unknown)}: written by an older squant, "
+                "which truncated long texts at the model's positions)"
+                if unknown
+                else ""
+            )
             raise SquantError(
-                f"{out} holds embeddings made with other {', '.join(differs)}; "
+                f"{out} holds embeddings made with other {', '.join(differs)}{why}; "
                 "use a new --out (nothing was changed)"
             )
     elif out.exists() and any(out.iterdir()):
@@ -162,6 +170,7 @@ def embed_file(
         normalize,
         model_name,
         progress,
+        engine.stated_length,
     )
 
 
@@ -175,11 +184,13 @@ def write_shards(
     normalize: bool,
     model_name: str = "",
     progress: bool = True,
+    truncation: int | None = None,
 ) -> EmbedReport:
     """The resumable shard loop behind every `squant embed`: read the rows, skip the shards
     already complete, hand up to `shards_per_call` missing ones at a time to `embed_shards`
     (texts -> final vectors, one [rows, dim] tensor per shard, in order), write each shard
-    atomically."""
+    atomically. truncation: where the model truncates texts as its files state (None: at its
+    positions); recorded, so a resumed directory never mixes two truncation lengths."""
     try:
         import pyarrow  # noqa: F401
     except ImportError:
@@ -199,6 +210,7 @@ def write_shards(
             "shard_rows": shard_rows,
             "pooling": pooling,
             "normalize": normalize,
+            "truncation": truncation,
         },
     )
     t0 = time.perf_counter()

@@ -147,6 +147,7 @@ def embed_file_on_ray(
     except ImportError:
         raise SquantError("--ray needs the ray extra: pip install 'squant[ray]'") from None
     from .serve.engine import sentence_settings
+    from .serve.loading import truncation_stated
 
     model = str(Path(model).resolve())
     st = sentence_settings(Path(pooling_from or model))
@@ -193,4 +194,5 @@ def embed_file_on_ray(
         normalize,
         model_name,
         progress,
+        truncation_stated(model, pooling_from),
     )

@@ -96,3 +96,31 @@ def test_embed_command(base_dir, tiny_checkpoint, tmp_path, capsys):
     code = main(["embed", str(tiny_checkpoint), str(corpus), "--out", str(tmp_path / "o2")])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "needs a base model" in err
+
+
+def test_a_directory_made_at_another_truncation_length_is_refused(engine, base_dir, tmp_path):
+    """Rows truncated at two lengths must never share a directory: a resumed run that
+    truncates elsewhere (or an older squant's directory, which recorded no length) is refused,
+    and the Ray driver reads the same length from the files as the local engine records."""
+    import copy
+    import json
+
+    from squant.serve.loading import truncation_stated
+
+    assert truncation_stated(base_dir) == engine.stated_length
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(TEXTS) + "\n")
+    out = tmp_path / "out"
+    embed_file(engine, corpus, out, shard_rows=10, progress=False)
+    manifest = json.loads((out / "embed.json").read_text())
+    assert manifest["truncation"] == engine.stated_length
+    (out / "part-00002.parquet").unlink()
+    shorter = copy.copy(engine)  # the same workers, another stated length
+    shorter.stated_length = (engine.stated_length or 512) // 2
+    with pytest.raises(squant.SquantError, match="other truncation"):
+        embed_file(shorter, corpus, out, shard_rows=10, progress=False)
+    del manifest["truncation"]  # as squant wrote it before it recorded the length
+    (out / "embed.json").write_text(json.dumps(manifest))
+    with pytest.raises(squant.SquantError, match="older squant"):
+        embed_file(engine, corpus, out, shard_rows=10, progress=False)
+    assert len(list(out.glob("part-*.parquet"))) == 2  # nothing was written

@@ -283,11 +283,14 @@ def sentence_settings(path: str | os.PathLike[str] | None) -> SentenceSettings:
     return SentenceSettings(pooling, normalize, max_seq_length)
 
 
-def _tokenizer_limit(tokenizer: Any) -> int:
-    """The tokenizer's model_max_length, or a huge number where it has none (transformers'
-    placeholder for "not set" is 1e30)."""
+def stated_length(tokenizer: Any, max_seq_length: int | None = None) -> int | None:
+    """Where a model directory's files say inputs are truncated: sentence-transformers'
+    legacy max_seq_length when given, else the tokenizer's model_max_length; None where neither
+    says (the model's positions decide; transformers' placeholder for "not set" is 1e30)."""
+    if max_seq_length is not None:
+        return max_seq_length
     limit = getattr(tokenizer, "model_max_length", None)
-    return limit if isinstance(limit, int) and 0 < limit < 1_000_000 else 1_000_000
+    return limit if isinstance(limit, int) and 0 < limit < 1_000_000 else None
 
 
 class Engine:
@@ -312,7 +315,11 @@ class Engine:
         self.config = config or ServeConfig()
         self.pooling = pooling
         self.normalize_default = normalize_default
-        self.max_length = min(max_positions(model), max_length or _tokenizer_limit(tokenizer))
+        # what the files state (None: the positions), kept apart from the effective length:
+        # squant embed records it, and its Ray driver, which never loads the model, can read
+        # the same from the files (loading.truncation_stated)
+        self.stated_length = stated_length(tokenizer, max_length)
+        self.max_length = min(max_positions(model), self.stated_length or 1_000_000)
         self.buckets = (*(b for b in self.config.buckets if b < self.max_length), self.max_length)
         self.placement = plan(self.config.instances, self.config.cores_per_instance)
         self.stats = Stats()

@@ -11,8 +11,17 @@ from pathlib import Path
 from torch import nn
 
 from ..errors import SquantError
-from .engine import Engine, ServeConfig, sentence_settings
+from .engine import Engine, ServeConfig, sentence_settings, stated_length
 from .runtime import compiled_runner, wants_compiled
+
+
+def truncation_stated(path: str | Path, pooling_from: str | Path | None = None) -> int | None:
+    """Where the model directory at `path` truncates inputs, as its files state (the Engine's
+    stated_length), without loading the model; None: at the model's positions."""
+    from ..models import load_tokenizer
+
+    st = sentence_settings(pooling_from or path)
+    return stated_length(load_tokenizer(path), st.max_seq_length)
 
 
 def engine_for(
