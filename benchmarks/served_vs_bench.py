@@ -16,6 +16,11 @@ not give a ratio. Here both stay loaded and take turns in short windows on the s
    round's ratio is served requests/s (one sequence each) over bench sequences/s.
 The load generator (this process) runs on the cores no instance uses when there are any,
 where `squant serve` also puts its HTTP front end.
+
+--variants in-process,model-process starts one server per variant (`--model-process`: the
+model in a child process, serve/model_process.py), all loaded at once; each round then runs
+bench and every server's window in turn (their order rotating), so each gets its own ratio
+against the same bench windows.
 """
 
 from __future__ import annotations
@@ -41,6 +46,9 @@ from benchmarks.load import (
     wait_ready,
 )
 from squant.report import format_table
+
+# the server variants: extra `squant serve` flags
+VARIANTS = {"in-process": [], "model-process": ["--model-process"]}
 
 
 def bench_helper(args: argparse.Namespace) -> None:
@@ -100,6 +108,11 @@ def main() -> None:
     p.add_argument("--window", type=float, default=10.0, help="seconds per side per round")
     p.add_argument("--port", type=int, default=18090)
     p.add_argument("--json")
+    p.add_argument(
+        "--variants",
+        default="in-process",
+        help=f"servers to compare, comma-separated: {', '.join(VARIANTS)}",
+    )
     p.add_argument("--helper", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--batch", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--seq", type=int, default=0, help=argparse.SUPPRESS)
@@ -119,14 +132,23 @@ def main() -> None:
         "--cores-per-instance",
         str(args.cores_per_instance),
     ]
-    server = subprocess.Popen(
-        [sys.executable, "-m", "squant.cli", "serve", args.model, "--port", str(args.port),
-         "--max-batch-requests", str(args.max_batch_requests), *layout],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    names = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown or not names:
+        raise SystemExit(f"unknown variants {unknown}; choose from {list(VARIANTS)}")
+    urls = {n: f"http://127.0.0.1:{args.port + i}" for i, n in enumerate(names)}
+    servers = []
     helper = None
     try:
-        wait_ready(url)
+        for i, name in enumerate(names):  # one at a time: two compiles at once fight for cores
+            command = [sys.executable, "-m", "squant.cli", "serve", args.model]
+            command += ["--port", str(args.port + i), *layout, *VARIANTS[name]]
+            command += ["--max-batch-requests", str(args.max_batch_requests)]
+            servers.append(
+                subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            )
+            wait_ready(urls[name])
+        url = urls[names[0]]
         # the load generator beside the server's front end, off the instances' cores
         spare = pin_front_end(placement)
         pool = read_pool(args.texts, args.pool, join=args.join)
@@ -152,30 +174,35 @@ def main() -> None:
             helper.stdin.write(f"{args.window}\n")
             helper.stdin.flush()
             bench = json.loads(helper.stdout.readline())["sequences_per_s"]
-            served = asyncio.run(served_window(url, pool, refs, args))
-            rows.append(
-                {
-                    "round": r + 1,
-                    "bench_seq_per_s": bench,
-                    "served_req_per_s": served["throughput_rps"],
-                    "ratio": served["throughput_rps"] / bench,
-                    "p99_ms": served["p99_ms"],
-                    "mismatches": served["mismatches"],
-                    "codes": served["codes"],
-                    "server_batches": served["server_batches"],
-                }
-            )
-            print(
-                f"round {r + 1}: bench {bench:.1f} seq/s, served {served['throughput_rps']:.1f} "
-                f"req/s -> {rows[-1]['ratio']:.3f}x",
-                flush=True,
-            )
+            order = names[r % len(names) :] + names[: r % len(names)]  # rotate who goes first
+            for name in order:
+                served = asyncio.run(served_window(urls[name], pool, refs, args))
+                rows.append(
+                    {
+                        "round": r + 1,
+                        "variant": name,
+                        "bench_seq_per_s": bench,
+                        "served_req_per_s": served["throughput_rps"],
+                        "ratio": served["throughput_rps"] / bench,
+                        "p99_ms": served["p99_ms"],
+                        "mismatches": served["mismatches"],
+                        "codes": served["codes"],
+                        "server_batches": served["server_batches"],
+                    }
+                )
+                print(
+                    f"round {r + 1}: bench {bench:.1f} seq/s, {name} served "
+                    f"{served['throughput_rps']:.1f} req/s -> {rows[-1]['ratio']:.3f}x",
+                    flush=True,
+                )
     finally:
         if helper is not None:
             helper.kill()
-        server.terminate()
-        server.wait(60)
-    ratios = [row["ratio"] for row in rows]
+        for server in servers:
+            server.terminate()
+            server.wait(60)
+    by_variant = {n: [row["ratio"] for row in rows if row["variant"] == n] for n in names}
+    ratios = by_variant[names[0]]
     summary = {
         "model": args.model,
         "layout": f"{args.instances}x{args.cores_per_instance}",
@@ -186,23 +213,30 @@ def main() -> None:
         "ratio_median": statistics.median(ratios),
         "ratio_min": min(ratios),
         "ratio_max": max(ratios),
+        "variants": {
+            n: {"median": statistics.median(v), "min": min(v), "max": max(v)}
+            for n, v in by_variant.items()
+        },
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
     table = [
-        [str(r["round"]), f"{r['bench_seq_per_s']:.1f}", f"{r['served_req_per_s']:.1f}",
+        [str(r["round"]), r["variant"], f"{r['bench_seq_per_s']:.1f}",
+         f"{r['served_req_per_s']:.1f}",
          f"{r['ratio']:.3f}", f"{r['server_batches'].get('mean_batch', 0):.2f}",
          f"{r['p99_ms']:.0f}", str(r["mismatches"])]
         for r in rows
     ]  # fmt: skip
     print(
         format_table(
-            ["round", "bench seq/s", "served req/s", "ratio", "batch", "p99 ms", "wrong"], table
+            ["round", "server", "bench seq/s", "served req/s", "ratio", "batch", "p99 ms", "wrong"],
+            table,
         )
     )
-    print(
-        f"served / bench: median {summary['ratio_median']:.3f}x "
-        f"(min {min(ratios):.3f}, max {max(ratios):.3f})"
-    )
+    for n, v in by_variant.items():
+        print(
+            f"{n} served / bench: median {statistics.median(v):.3f}x "
+            f"(min {min(v):.3f}, max {max(v):.3f})"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2))
 

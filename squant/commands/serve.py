@@ -66,6 +66,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "compiled where the model is quantized; start-up takes 1-2 minutes longer",
     )
     p.add_argument(
+        "--model-process",
+        action="store_true",
+        help="run the model in a child process of its own, so HTTP, JSON and tokenization never "
+        "share its GIL (pays when the front end has a core of its own; a second process)",
+    )
+    p.add_argument(
         "--access-log",
         action="store_true",
         help="log every request (uvicorn's access log; off by default: it cost ~1.5%% of "
@@ -133,6 +139,7 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
         malloc_arenas=args.malloc_arenas,
         watch_ranges=args.watch_ranges,
         runtime=args.runtime,
+        model_process=args.model_process,
     )
 
 

@@ -118,6 +118,11 @@ class ServeConfig:
     # if compiling fails, says why and runs eagerly) and runs float ones eagerly; "eager" /
     # "compiled" force either. Start-up takes 1-2 minutes longer with a cold inductor cache.
     runtime: Runtime = "auto"
+    # run the model in a child process of its own (serve/model_process.py): the HTTP front
+    # end, JSON and tokenization then never hold the GIL the model's forward takes back for
+    # moments, which cost the model ~11% of its speed beside a busy front end. Pays where the
+    # front end has cores of its own; costs a second process (~MB below in the README).
+    model_process: bool = False
 
     def __post_init__(self) -> None:
         names = ("max_batch_requests", "max_batch_tokens", "max_queue", "max_inputs")
@@ -130,6 +135,10 @@ class ServeConfig:
             raise SquantError(f"max_queue_ms must be >= 0, got {self.max_queue_ms}")
         if self.malloc_arenas < 0:
             raise SquantError(f"malloc_arenas must be >= 0, got {self.malloc_arenas}")
+        if self.model_process and self.watch_ranges:
+            raise SquantError(
+                "watch_ranges counts in the server's own model: not with model_process"
+            )
         if self.runtime not in RUNTIMES:
             raise SquantError(f"runtime must be one of {RUNTIMES}, got {self.runtime!r}")
         for name in ("max_wait_ms", "idle_trim_s", "trim_interval_s"):  # waits: finite
@@ -209,16 +218,21 @@ def freeze_startup_objects() -> int:
     return gc.get_freeze_count()
 
 
+def front_end_cores(placement: Placement) -> tuple[int, ...]:
+    """The cores of this process that no instance uses; () when they use all (or off Linux)."""
+    if not hasattr(os, "sched_getaffinity"):
+        return ()
+    used = {c for group in placement.cores for c in group}
+    return tuple(sorted(set(os.sched_getaffinity(0)) - used))
+
+
 def pin_front_end(placement: Placement) -> tuple[int, ...]:
     """Move the calling thread, and the threads it starts afterwards (uvicorn's event loop
     runs on it; asyncio's tokenizer pool is started from it), onto the cores no instance
     uses, so HTTP, JSON and tokenization stay off the model's cores. Returns those cores; ()
     when the instances use every core (the front end then shares them) or off Linux. Call it
     after Engine.start: the workers pin themselves, and warm-up runs on the calling thread."""
-    if not hasattr(os, "sched_setaffinity"):
-        return ()
-    used = {c for group in placement.cores for c in group}
-    spare = tuple(sorted(set(os.sched_getaffinity(0)) - used))
+    spare = front_end_cores(placement)
     if spare:
         os.sched_setaffinity(0, spare)
     return spare
@@ -303,14 +317,18 @@ class Engine:
         normalize_default: bool = False,
         runner: Any = None,
         max_length: int | None = None,
+        remote: Any = None,
     ) -> None:
         """max_length: where inputs are truncated (or refused), never beyond the model's
         positions; None: the tokenizer's model_max_length (where sentence-transformers 6 keeps
-        max_seq_length, and where Hugging Face pipelines truncate), else the positions."""
+        max_seq_length, and where Hugging Face pipelines truncate), else the positions.
+        remote: runs the batches instead of the model (a ModelProcess: padded numpy ids, mask
+        and types -> pooled rows); the model then only describes itself (task, inputs)."""
         self.model = model.eval()
         # what runs the batches: the model itself, or a compiled form of it (squant.compile
         # with dynamic shapes: one graph for every bucket and batch size)
         self.runner = runner if runner is not None else self.model
+        self.remote = remote
         self.tokenizer = tokenizer
         self.config = config or ServeConfig()
         self.pooling = pooling
@@ -458,7 +476,8 @@ class Engine:
     def healthy(self) -> bool:
         """Every worker thread started is still running (False once one has died, or after
         stop): what /health and Ray's replica health check report."""
-        return bool(self._workers) and all(t.is_alive() for t in self._workers)
+        alive = self.remote is None or self.remote.alive()
+        return alive and bool(self._workers) and all(t.is_alive() for t in self._workers)
 
     def in_flight(self) -> int:
         return self._in_flight
@@ -569,12 +588,8 @@ class Engine:
             mask[i, :n] = 1
             if s.type_ids is not None:
                 types[i, :n] = s.type_ids
-        ids_t, mask_t, types_t = (torch.from_numpy(a) for a in (ids, mask, types))
-        inputs = {"input_ids": ids_t, "attention_mask": mask_t, "token_type_ids": types_t}
         t0 = time.perf_counter()
-        with torch.no_grad():
-            out = self.runner(**model_inputs(self.model, inputs))
-            rows = self._rows(out, mask_t)
+        rows = (self.remote or self.local_rows)(ids, mask, types)
         elapsed = time.perf_counter() - t0
         for s, row in zip(batch, rows, strict=True):
             s.future.set_result(row)
@@ -592,20 +607,26 @@ class Engine:
             self.stats.inference_seconds += elapsed
             self.stats.queue_seconds += sum(t0 - s.enqueued for s in batch)
 
-    def _rows(self, out: Any, mask: Tensor) -> list[Tensor]:
-        if self.task == "embed":
+    def local_rows(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray) -> Tensor:
+        """One padded batch through this process's runner: pooled rows [batch, dim] (the
+        embeddings, or the logits of a model with a head)."""
+        ids_t, mask_t, types_t = (torch.from_numpy(a) for a in (ids, mask, types))
+        inputs = {"input_ids": ids_t, "attention_mask": mask_t, "token_type_ids": types_t}
+        with torch.no_grad():
+            out = self.runner(**model_inputs(self.model, inputs))
+            if self.task != "embed":
+                return out.logits.float()
             h = out.last_hidden_state.float()
             if self.pooling == "cls":
-                pooled = h[:, 0]
-            else:
-                m = mask.unsqueeze(-1).float()
-                pooled = (h * m).sum(1) / m.sum(1).clamp(min=1.0)
-            return list(pooled)
-        return list(out.logits.float())
+                return h[:, 0]
+            m = mask_t.unsqueeze(-1).float()
+            return (h * m).sum(1) / m.sum(1).clamp(min=1.0)
 
     def _worker(self, index: int) -> None:
-        cores = self.placement.cores[index]
-        if hasattr(os, "sched_setaffinity"):
+        # with a model process this thread only waits on its pipe: it stays off the
+        # instances' cores, which belong to the child's threads
+        cores = front_end_cores(self.placement) if self.remote else self.placement.cores[index]
+        if cores and hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(threading.get_native_id(), cores)
         torch.set_num_threads(self.placement.cores_per_instance)
         while True:
@@ -657,3 +678,5 @@ class Engine:
             self._cond.notify_all()
         for t in self._workers:
             t.join(max(0.0, end - time.perf_counter()) + 1.0)
+        if self.remote is not None:
+            self.remote.close()

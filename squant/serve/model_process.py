@@ -1,0 +1,174 @@
+"""The model in a process of its own, so the server's Python never shares its GIL.
+
+    remote = ModelProcess(path, config)          # starts, loads, compiles; waits until ready
+    rows = remote(ids, mask, types)              # a padded batch -> pooled rows [batch, dim]
+
+Why: the compiled model's forward releases the GIL, but takes it back for moments inside the
+call (the C++ wrapper frees tensors that have Python objects: inputs, inductor's constants).
+Each time, it waits for whichever thread holds it: in one process, the HTTP front end, JSON
+and tokenization. Beside a Python thread holding the GIL ~30% of the time on another core the
+model ran at 0.89x its speed (README, served vs bench). Here the front end (uvicorn, the
+Engine's queue and batching) stays in the server process; a child process holds the one copy
+of the model, and one thread per instance, each pinned to its cores with its own OpenMP
+team, as the Engine's workers are in-process. A batch crosses a pipe as three small int64
+arrays, and comes back as its pooled rows: tens of KB, microseconds against a batch's
+milliseconds.
+
+The child is started with "spawn" (a fork of a process that has run OpenMP work can hang),
+loads the directory itself, and compiles (or not) as the config's runtime says. It dies with
+the server: it is a daemon, and it exits when its pipes close.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import multiprocessing
+import os
+import queue
+import threading
+import time
+import traceback
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import SquantError
+
+# loading and compiling a model takes seconds to minutes; a child silent for this long is hung
+START_TIMEOUT_S = 1800.0
+
+
+class ModelProcessError(RuntimeError):
+    """The model process died or failed a batch (the batch's requests fail, HTTP 500)."""
+
+
+def _child_main(path: str, config: Any, pooling_from: str | None, conns: list[Connection]) -> None:
+    """Load the engine's model here and answer batches, one thread per instance (pipe)."""
+    from .loading import engine_for
+
+    try:
+        cores = sorted({c for group in config_cores(config) for c in group})
+        if cores and hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, cores)  # loading and compiling run on the model's cores
+        engine = engine_for(path, dataclasses.replace(config, model_process=False), pooling_from)
+    except BaseException as e:  # told to the parent, which raises it as a SquantError
+        conns[0].send(("error", f"{type(e).__name__}: {e}".splitlines()[0][:500]))
+        return
+    conns[0].send(("ready", None))
+    threads = [
+        threading.Thread(target=_answer, args=(engine, i, conn), daemon=True)
+        for i, conn in enumerate(conns)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def config_cores(config: Any) -> tuple[tuple[int, ...], ...]:
+    from ..bench.runner import plan
+
+    return tuple(tuple(c) for c in plan(config.instances, config.cores_per_instance).cores)
+
+
+def _answer(engine: Any, index: int, conn: Connection) -> None:
+    cores = engine.placement.cores[index]
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(threading.get_native_id(), cores)
+    torch.set_num_threads(engine.placement.cores_per_instance)
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):  # the server closed its end, or died
+            return
+        if message is None:
+            return
+        try:
+            rows = engine.local_rows(*message)
+            conn.send(("rows", rows.numpy()))
+        except Exception as e:  # one bad batch fails its requests, not the process
+            conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}"))
+
+
+class ModelProcess:
+    """A child process holding the model (see the module docstring). Callable from any number
+    of threads at once: each call takes a free instance's pipe, so at most `instances` batches
+    run at a time, each on its own cores."""
+
+    def __init__(
+        self, path: str | Path, config: Any, pooling_from: str | Path | None = None
+    ) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        instances = len(config_cores(config))
+        pairs = [ctx.Pipe() for _ in range(instances)]
+        self._free: queue.Queue[Connection] = queue.Queue()
+        self.process = ctx.Process(
+            target=_child_main,
+            args=(
+                str(path),
+                config,
+                None if pooling_from is None else str(pooling_from),
+                [child for _, child in pairs],
+            ),
+            daemon=True,
+            name="squant-model",
+        )
+        self.process.start()
+        for _, child in pairs:
+            child.close()  # the child holds these now: EOF reaches us when it dies
+        first = pairs[0][0]
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not first.poll(0.2):
+            if not self.process.is_alive():
+                raise SquantError(
+                    f"the model process exited while loading (exit code {self.process.exitcode})"
+                )
+            if time.monotonic() > deadline:
+                self.process.kill()
+                raise SquantError(f"the model process was not ready in {START_TIMEOUT_S:.0f} s")
+        try:
+            kind, detail = first.recv()
+        except (EOFError, OSError):  # it died before a word (e.g. spawn re-ran an unguarded main)
+            self.process.join(5.0)
+            raise SquantError(
+                f"the model process exited while loading (exit code {self.process.exitcode}); "
+                "a script that starts one needs an `if __name__ == '__main__':` guard"
+            ) from None
+        if kind != "ready":
+            self.process.join(5.0)
+            raise SquantError(f"the model process could not load {path}: {detail}")
+        for parent, _ in pairs:
+            self._free.put(parent)
+        self._conns = [parent for parent, _ in pairs]
+
+    def __call__(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray) -> torch.Tensor:
+        """The pooled rows (embeddings or logits) of one padded batch."""
+        conn = self._free.get()
+        try:
+            conn.send((ids, mask, types))
+            kind, payload = conn.recv()
+        except (EOFError, OSError, BrokenPipeError) as e:
+            code = self.process.exitcode
+            raise ModelProcessError(f"the model process died (exit code {code}): {e}") from None
+        finally:
+            self._free.put(conn)
+        if kind != "rows":
+            raise ModelProcessError(f"the model process failed the batch: {payload}")
+        return torch.from_numpy(payload)
+
+    def alive(self) -> bool:
+        return self.process.is_alive()
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Ask every instance thread to stop, then end the process."""
+        for conn in self._conns:
+            with contextlib.suppress(OSError):  # the child is gone already
+                conn.send(None)
+        self.process.join(timeout_s)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(timeout_s)
