@@ -45,9 +45,18 @@ def test_the_model_process_answers_what_the_in_process_engine_answers(remote_eng
     # the same weights and kernels in another process: equal to float rounding
     assert cosine(expected, got) > 0.99999
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
-    # the server process keeps no weights: the one copy is the child's
-    params = list(remote_engine.model.parameters())
-    assert params and all(p.device.type == "meta" for p in params)
+    # the server process holds no weights: the one copy is the child's; it knows the model
+    # by its description (what /info and the routes read)
+    assert not list(remote_engine.model.parameters())
+    assert remote_engine.task == local.task == "embed"
+    assert remote_engine.max_length == local.max_length
+    assert remote_engine.model.config.to_dict() == local.model.config.to_dict()
+    from fastapi.testclient import TestClient
+
+    from squant.serve.app import create_app
+
+    info = TestClient(create_app(remote_engine, "tiny")).get("/info").json()
+    assert info["model_class"] == "BertModel" and info["quantization"]["mode"] == "static"
     child = remote_engine.remote.process
     assert child.pid != os.getpid() and child.is_alive() and remote_engine.healthy()
     remote_engine.stop(1.0)  # and stop ends it

@@ -297,7 +297,7 @@ def create_app(engine: Engine, model_name: str = "squant", grace_s: float = 30.0
         return {
             "model": model_name,
             "pid": os.getpid(),  # which process (replica) answered
-            "model_class": type(engine.model).__name__,
+            "model_class": engine.model_class,
             "task": engine.task,
             "max_input_length": engine.max_length,
             "buckets": list(engine.buckets),

@@ -323,7 +323,7 @@ class Engine:
         positions; None: the tokenizer's model_max_length (where sentence-transformers 6 keeps
         max_seq_length, and where Hugging Face pipelines truncate), else the positions.
         remote: runs the batches instead of the model (a ModelProcess: padded numpy ids, mask
-        and types -> pooled rows); the model then only describes itself (task, inputs)."""
+        and types -> pooled rows); the model then only describes it (a ModelDescription)."""
         self.model = model.eval()
         # what runs the batches: the model itself, or a compiled form of it (squant.compile
         # with dynamic shapes: one graph for every bucket and batch size)
@@ -358,8 +358,8 @@ class Engine:
         self.draining = False
         self.quantize_report: Any = None  # set when the model was quantized at start-up
         # a base model embeds; one with a head predicts (packaged models state their class)
-        cls = getattr(model, "model_class", type(model).__name__)
-        self.task = "embed" if cls.endswith("Model") else "predict"
+        self.model_class = str(getattr(model, "model_class", type(model).__name__))
+        self.task = "embed" if self.model_class.endswith("Model") else "predict"
         self.range_monitor: RangeMonitor | None = None
         if self.config.watch_ranges:
             if runner is not None:

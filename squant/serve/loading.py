@@ -11,7 +11,7 @@ from pathlib import Path
 from torch import nn
 
 from ..errors import SquantError
-from .engine import Engine, SentenceSettings, ServeConfig, sentence_settings, stated_length
+from .engine import Engine, ServeConfig, sentence_settings, stated_length
 from .runtime import compiled_runner, wants_compiled
 
 
@@ -57,6 +57,22 @@ def engine_for(
             "--model-process serves a quantized directory: run squant quantize first, then "
             "serve its output (--calib would quantize in both processes)"
         )
+    if config.model_process:
+        # the child loads (and compiles) the model; this process only needs its description:
+        # loading it here too cost ~350 MB (sentence-transformers and what it imports)
+        from .model_process import ModelProcess
+
+        st = sentence_settings(pooling_from or path)
+        remote = ModelProcess(path, config, pooling_from)
+        return Engine(
+            remote.description,
+            tokenizer,
+            config,
+            st.pooling,
+            st.normalize,
+            max_length=st.max_seq_length,
+            remote=remote,
+        )
     if calib is not None and already:
         raise SquantError(f"{path} is already quantized; --calib is for float checkpoints")
     report = None
@@ -83,8 +99,6 @@ def engine_for(
         if is_sentence_transformer(model):  # pooling etc. from its modules (sentence_settings)
             model = inner_model(model)
     st = sentence_settings(pooling_from or path)
-    if config.model_process:
-        return _with_model_process(path, config, pooling_from, model, tokenizer, st)
     runner = None
     if not packaged and wants_compiled(config.runtime, model, config.watch_ranges):
         threads = plan(config.instances, config.cores_per_instance).cores_per_instance
@@ -102,43 +116,3 @@ def engine_for(
     )
     engine.quantize_report = report
     return engine
-
-
-def _with_model_process(
-    path: Path,
-    config: ServeConfig,
-    pooling_from: str | Path | None,
-    model: nn.Module,
-    tokenizer: object,
-    st: SentenceSettings,
-) -> Engine:
-    """An Engine whose batches run in a ModelProcess that loads `path` itself. This process
-    keeps the model only as a description (its class, config, inputs, quantization record):
-    its weights go to the meta device, so the one copy in memory is the child's."""
-    from .model_process import ModelProcess
-
-    _drop_weights(model)
-    remote = ModelProcess(path, config, pooling_from)
-    return Engine(
-        model,
-        tokenizer,
-        config,
-        st.pooling,
-        st.normalize,
-        max_length=st.max_seq_length,
-        remote=remote,
-    )
-
-
-def _drop_weights(model: nn.Module) -> None:
-    """Replace every parameter and buffer by a meta tensor of its shape (an empty tensor for
-    oneDNN's packed int8 weights, which have no meta form)."""
-    import torch
-
-    for module in model.modules():
-        for store in (module._parameters, module._buffers):
-            for name, t in store.items():
-                if t is None:
-                    continue
-                gone = torch.empty(0) if t.layout == torch._mkldnn else t.to("meta")  # type: ignore[attr-defined]
-                store[name] = nn.Parameter(gone, False) if isinstance(t, nn.Parameter) else gone  # type: ignore[assignment]

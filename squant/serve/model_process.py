@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from ..errors import SquantError
 
@@ -58,7 +59,7 @@ def _child_main(path: str, config: Any, pooling_from: str | None, conns: list[Co
     except BaseException as e:  # told to the parent, which raises it as a SquantError
         conns[0].send(("error", f"{type(e).__name__}: {e}".splitlines()[0][:500]))
         return
-    conns[0].send(("ready", None))
+    conns[0].send(("ready", describe(engine.model)))
     threads = [
         threading.Thread(target=_answer, args=(engine, i, conn), daemon=True)
         for i, conn in enumerate(conns)
@@ -67,6 +68,38 @@ def _child_main(path: str, config: Any, pooling_from: str | None, conns: list[Co
         t.start()
     for t in threads:
         t.join()
+
+
+def describe(model: Any) -> dict[str, Any]:
+    """What the server process needs to know of the child's model (ModelDescription)."""
+    from ..mappings import input_names, max_positions
+    from ..record import record_of
+
+    return {
+        "model_class": str(getattr(model, "model_class", type(model).__name__)),
+        "config": getattr(model, "config", None),
+        "input_names": tuple(input_names(model)),
+        "max_seq": max_positions(model),
+        "squant_info": record_of(model),
+    }
+
+
+class ModelDescription(nn.Module):
+    """The server process's stand-in for a model that runs in the child: no weights, only what
+    the Engine and the routes read (its class for the task, its Hugging Face config for
+    labels and /info, its inputs, its positions, squant's quantization record)."""
+
+    def __init__(
+        self,
+        model_class: str,
+        config: Any,
+        input_names: tuple[str, ...],
+        max_seq: int,
+        squant_info: Any,
+    ) -> None:
+        super().__init__()
+        self.model_class, self.config, self.input_names = model_class, config, input_names
+        self.max_seq, self.squant_info = max_seq, squant_info
 
 
 def config_cores(config: Any) -> tuple[tuple[int, ...], ...]:
@@ -141,6 +174,7 @@ class ModelProcess:
         if kind != "ready":
             self.process.join(5.0)
             raise SquantError(f"the model process could not load {path}: {detail}")
+        self.description = ModelDescription(**detail)
         for parent, _ in pairs:
             self._free.put(parent)
         self._conns = [parent for parent, _ in pairs]
