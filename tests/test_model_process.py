@@ -86,13 +86,25 @@ def test_model_process_refuses_what_it_cannot_serve(base_dir, tiny_checkpoint, d
         ServeConfig(model_process=True, watch_ranges=True)
 
 
-def test_the_serve_command_passes_model_process(tiny_checkpoint):
+def test_the_serve_command_runs_a_model_process_where_a_core_is_left_over(
+    tiny_checkpoint, deploy_dir, monkeypatch
+):
     import argparse
 
     from squant.commands import serve
 
     p = argparse.ArgumentParser()
     serve.add_arguments(p)
-    args = p.parse_args([str(tiny_checkpoint), "--model-process"])
-    assert serve.serve_config(args).model_process
-    assert not serve.serve_config(p.parse_args([str(tiny_checkpoint)])).model_process
+
+    def wanted(*argv):
+        return serve.serve_config(p.parse_args([str(tiny_checkpoint), *argv])).model_process
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert wanted("--instances", "1", "--cores-per-instance", "1")  # core 1 is the front end's
+    assert not wanted("--instances", "2", "--cores-per-instance", "1")  # none left over
+    assert not wanted("--instances", "1", "--cores-per-instance", "1", "--model-process", "off")
+    assert wanted("--instances", "2", "--cores-per-instance", "1", "--model-process", "on")
+    for other in (["--calib", "x.txt"], ["--watch-ranges"], ["--ray"]):
+        assert not wanted("--instances", "1", "--cores-per-instance", "1", *other)
+    args = p.parse_args([str(deploy_dir[1]), "--instances", "1", "--cores-per-instance", "1"])
+    assert not serve.serve_config(args).model_process  # a package: not supported there

@@ -517,6 +517,7 @@ def test_a_float_checkpoint_is_quantized_at_start_up_with_calib(
     add_arguments(parser)
     # eager: what is checked here is the quantization at start-up (compiling: tests below)
     layout = ["--instances", "1", "--cores-per-instance", "1", "--runtime", "eager"]
+    layout += ["--model-process", "off"]  # the model itself is inspected here
     args = parser.parse_args([str(tiny_checkpoint), *layout, "--calib", str(calib_jsonl)])
     engine = build_engine(args)
     assert any(isinstance(m, QuantLinear) for m in engine.model.modules())
