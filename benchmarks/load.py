@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import shlex
@@ -222,8 +223,9 @@ def wait_ready(url: str, timeout: float = 600.0) -> None:
 
 
 class MemorySampler:
-    """Resident memory of a process (VmRSS, and PSS from smaps_rollup when readable) every
-    `every` seconds, in a thread: is the server's memory flat under load?"""
+    """Resident memory of a process and its children (VmRSS, and PSS from smaps_rollup when
+    readable, summed) every `every` seconds, in a thread: is the server's memory flat under
+    load?"""
 
     def __init__(self, pid: int | None, every: float = 0.5) -> None:
         self.pid, self.every = pid, every
@@ -232,16 +234,40 @@ class MemorySampler:
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._t0 = time.perf_counter()
 
+    def _tree(self) -> list[int]:
+        """The process and its descendants (a server with a model process is two, plus
+        multiprocessing's resource tracker): memory is summed over all of them."""
+        pids, i = [self.pid], 0
+        while i < len(pids):
+            for task in Path(f"/proc/{pids[i]}/task").glob("*/children"):
+                with contextlib.suppress(OSError):
+                    pids += [int(c) for c in task.read_text().split()]
+            i += 1
+        return pids
+
     def _read(self) -> dict | None:
-        out = {"t": round(time.perf_counter() - self._t0, 2)}
+        out: dict = {"t": round(time.perf_counter() - self._t0, 2)}
         try:
-            for name, key in (("status", "VmRSS:"), ("smaps_rollup", "Pss:")):
-                path = Path(f"/proc/{self.pid}/{name}")
-                for line in path.read_text().splitlines():
-                    if line.startswith(key):
-                        out[key.rstrip(":").lower() + "_mib"] = int(line.split()[1]) / 1024
+            pids = self._tree()
         except OSError:
             return None
+        for pid in pids:
+            for name, key in (("status", "VmRSS:"), ("smaps_rollup", "Pss:")):
+                try:
+                    text = Path(f"/proc/{pid}/{name}").read_text()
+                except OSError:
+                    if pid == self.pid:
+                        return None
+                    continue
+                for line in text.splitlines():
+                    if line.startswith(key):
+                        k = key.rstrip(":").lower() + "_mib"
+                        out[k] = out.get(k, 0.0) + int(line.split()[1]) / 1024
+                        if k == "vmrss_mib":  # each process's share, the server's first
+                            out.setdefault("vmrss_by_process_mib", []).append(
+                                round(int(line.split()[1]) / 1024, 1)
+                            )
+        out["processes"] = len(pids)
         return out
 
     def _loop(self) -> None:

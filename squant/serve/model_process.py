@@ -49,12 +49,21 @@ class ModelProcessError(RuntimeError):
 
 def _child_main(path: str, config: Any, pooling_from: str | None, conns: list[Connection]) -> None:
     """Load the engine's model here and answer batches, one thread per instance (pipe)."""
+    import signal
+
     from .loading import engine_for
 
+    # Ctrl-C reaches the whole process group: the server drains and then closes the pipes,
+    # which ends this process; dying at once here would fail the batches being drained
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         cores = sorted({c for group in config_cores(config) for c in group})
         if cores and hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, cores)  # loading and compiling run on the model's cores
+        if config.malloc_arenas:  # as Engine.start does in one process
+            from .engine import limit_malloc_arenas
+
+            limit_malloc_arenas(config.malloc_arenas)
         engine = engine_for(path, dataclasses.replace(config, model_process=False), pooling_from)
     except BaseException as e:  # told to the parent, which raises it as a SquantError
         conns[0].send(("error", f"{type(e).__name__}: {e}".splitlines()[0][:500]))
@@ -109,12 +118,24 @@ def config_cores(config: Any) -> tuple[tuple[int, ...], ...]:
 
 
 def _answer(engine: Any, index: int, conn: Connection) -> None:
+    """Run the batches that arrive on `conn`. The heap is trimmed here as the Engine's workers
+    trim theirs (the activations live in this process): after idle_trim_s without a batch,
+    and when no batch is waiting, at most every trim_interval_s."""
+    from .engine import release_free_memory
+
     cores = engine.placement.cores[index]
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(threading.get_native_id(), cores)
     torch.set_num_threads(engine.placement.cores_per_instance)
+    idle_s, every_s = engine.config.idle_trim_s, engine.config.trim_interval_s
+    ran, last_trim = False, time.monotonic()
     while True:
         try:
+            waiting = conn.poll(0)
+            due = every_s and time.monotonic() - last_trim >= every_s
+            if ran and not waiting and (due or (idle_s and not conn.poll(idle_s))):
+                release_free_memory()
+                ran, last_trim = False, time.monotonic()
             message = conn.recv()
         except (EOFError, OSError):  # the server closed its end, or died
             return
@@ -125,6 +146,7 @@ def _answer(engine: Any, index: int, conn: Connection) -> None:
             conn.send(("rows", rows.numpy()))
         except Exception as e:  # one bad batch fails its requests, not the process
             conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}"))
+        ran = True
 
 
 class ModelProcess:
