@@ -31,6 +31,7 @@ import json
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -89,6 +90,22 @@ async def served_window(url: str, pool: list[str], refs: list, args: argparse.Na
     return row
 
 
+def wait_server(server: subprocess.Popen, url: str, log: Path, timeout: float = 900.0) -> None:
+    """Until the server answers /ready; a server that exits meanwhile ends the run with the
+    tail of its log (a server that died showed only as a 600 s wait before)."""
+    end = time.time() + timeout
+    while time.time() < end:
+        if server.poll() is not None:
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+            raise SystemExit(f"the server at {url} exited ({server.returncode}):\n{tail}")
+        try:
+            wait_ready(url, timeout=2.0)
+            return
+        except SystemExit:
+            pass
+    raise SystemExit(f"{url} did not become ready in {timeout:.0f} s (log: {log})")
+
+
 async def reference_vectors(url: str, pool: list[str]) -> list:
     async with Http1Pool(url, 1, 60.0) as client:
         return await references(client, pool)
@@ -144,10 +161,10 @@ def main() -> None:
             command = [sys.executable, "-m", "squant.cli", "serve", args.model]
             command += ["--port", str(args.port + i), *layout, *VARIANTS[name]]
             command += ["--max-batch-requests", str(args.max_batch_requests)]
-            servers.append(
-                subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            )
-            wait_ready(urls[name])
+            log = Path(tempfile.gettempdir()) / f"served_vs_bench_{name}_{args.port + i}.log"
+            with log.open("w") as out:
+                servers.append(subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT))
+            wait_server(servers[-1], urls[name], log)
         url = urls[names[0]]
         # the load generator beside the server's front end, off the instances' cores
         spare = pin_front_end(placement)
