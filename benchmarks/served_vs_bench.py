@@ -49,7 +49,10 @@ from benchmarks.load import (
 from squant.report import format_table
 
 # the server variants: extra `squant serve` flags
-VARIANTS = {"in-process": [], "model-process": ["--model-process"]}
+VARIANTS = {
+    "in-process": ["--model-process", "off"],
+    "model-process": ["--model-process", "on"],
+}
 
 
 def bench_helper(args: argparse.Namespace) -> None:
