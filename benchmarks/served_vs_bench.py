@@ -172,8 +172,11 @@ def main() -> None:
         # the load generator beside the server's front end, off the instances' cores
         spare = pin_front_end(placement)
         pool = read_pool(args.texts, args.pool, join=args.join)
-        refs = asyncio.run(reference_vectors(url, pool))
-        first = asyncio.run(served_window(url, pool, refs, args))
+        # each server's answers are checked against its own single-request answers: two
+        # compiles may time their way to different attention/GEMM kernels, and then agree
+        # only to cosine ~0.9988 on some texts (each within 0.996 of FP32; README)
+        refs = {n: asyncio.run(reference_vectors(u, pool)) for n, u in urls.items()}
+        first = asyncio.run(served_window(url, pool, refs[names[0]], args))
         shape = first["server_batches"]
         batch = max(1, round(shape["mean_batch"]))
         seq = next(b for b in BUCKETS if b >= shape["mean_width"] - 0.5)
@@ -196,7 +199,7 @@ def main() -> None:
             bench = json.loads(helper.stdout.readline())["sequences_per_s"]
             order = names[r % len(names) :] + names[: r % len(names)]  # rotate who goes first
             for name in order:
-                served = asyncio.run(served_window(urls[name], pool, refs, args))
+                served = asyncio.run(served_window(urls[name], pool, refs[name], args))
                 rows.append(
                     {
                         "round": r + 1,
