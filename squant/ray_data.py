@@ -37,6 +37,7 @@ import torch
 from .embed import EmbedReport, embed_texts, offline_config, write_shards
 from .errors import SquantError
 from .serve.engine import OFFLINE_BATCH_TOKENS
+from .serve.runtime import Attention
 
 ROUND_ROWS = 50_000  # rows per Ray dataset of `squant embed --ray` (see embed_file_on_ray)
 
@@ -73,6 +74,7 @@ class SquantEmbedder:
         normalize: bool | None = None,
         pooling_from: str | Path | None = None,
         max_batch_tokens: int = OFFLINE_BATCH_TOKENS,
+        attention: Attention = "auto",
     ) -> None:
         from .serve.loading import engine_for
 
@@ -88,7 +90,10 @@ class SquantEmbedder:
         self.cores = pinned
         self.text_column = text_column
         config = offline_config(
-            instances=1, cores_per_instance=len(pinned) or cores, max_batch_tokens=max_batch_tokens
+            instances=1,
+            cores_per_instance=len(pinned) or cores,
+            max_batch_tokens=max_batch_tokens,
+            attention=attention,
         )
         self.engine = engine_for(model, config, pooling_from)
         if self.engine.task != "embed":
@@ -137,6 +142,7 @@ def embed_file_on_ray(
     batch_size: int = 256,
     model_name: str = "",
     progress: bool = True,
+    attention: Attention = "auto",
 ) -> EmbedReport:
     """`squant embed --ray`: the local command's shard loop (embed.write_shards) with each
     group of missing shards embedded by `actors` SquantEmbedder actors on the connected Ray
@@ -164,6 +170,7 @@ def embed_file_on_ray(
                 "cores": cores_per_actor,
                 "normalize": normalize,
                 "pooling_from": pooling_from,
+                "attention": attention,
             },
             batch_size=batch_size,
             batch_format="numpy",

@@ -106,5 +106,7 @@ def test_the_serve_command_runs_a_model_process_where_a_core_is_left_over(
     assert wanted("--instances", "2", "--cores-per-instance", "1", "--model-process", "on")
     for other in (["--calib", "x.txt"], ["--watch-ranges"], ["--ray"]):
         assert not wanted("--instances", "1", "--cores-per-instance", "1", *other)
+    args = p.parse_args([str(tiny_checkpoint), "--attention", "sdpa"])
+    assert serve.serve_config(args).attention == "sdpa"  # the flag reaches the compile
     args = p.parse_args([str(deploy_dir[1]), "--instances", "1", "--cores-per-instance", "1"])
     assert not serve.serve_config(args).model_process  # a package: not supported there

@@ -598,6 +598,13 @@ def test_auto_compiles_quantized_directories_at_the_workers_thread_count(
     assert (threads, compile_config.dynamic, compile_config.cpp_wrapper) == (1, True, True)
     assert not bool(mask.all())
     assert torch.get_num_threads() == before  # the caller's setting is restored
+    # attention: timed per process unless named (two processes may time their way apart)
+    assert compile_config.attention == "auto"
+    engine_for(base_dir, ServeConfig(instances=1, cores_per_instance=1, attention="squant"))
+    assert calls[-1][1].attention == "squant"
+    calls.pop()
+    with pytest.raises(squant.SquantError, match="attention must be one of"):
+        ServeConfig(attention="flash")
     for runtime, config in [
         ("eager", ServeConfig(runtime="eager")),
         ("auto with watch_ranges", ServeConfig(watch_ranges=True, runtime="auto")),

@@ -129,3 +129,13 @@ def add_runtime_argument(parser: argparse.ArgumentParser, default: str, why: str
         "at start-up (dynamic shapes, C++ wrapper, checked against eager; ~1-2 min); auto = "
         "compiled for a squant-quantized model, eager for a float checkpoint",
     )
+    from ..serve.runtime import ATTENTIONS
+
+    parser.add_argument(
+        "--attention",
+        choices=ATTENTIONS,
+        default="auto",
+        help="the compiled runtime's attention kernel (default auto: the faster of squant's "
+        "and sdpa, timed at start-up; name one so that every replica or actor computes the "
+        "same vectors, as timing may pick differently in each)",
+    )

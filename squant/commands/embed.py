@@ -54,6 +54,7 @@ def run(args: argparse.Namespace) -> None:
         max_batch_requests=args.max_batch_requests,
         max_batch_tokens=args.max_batch_tokens,
         runtime=args.runtime,
+        attention=args.attention,
     )
     engine = engine_for(args.model, config, args.pooling_from)
     engine.start(warm=False)
@@ -92,6 +93,7 @@ def _run_on_ray(args: argparse.Namespace) -> EmbedReport:
             args.normalize,
             args.pooling_from,
             model_name=str(args.model),
+            attention=args.attention,
         )
     finally:
         if started:

@@ -142,6 +142,7 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
         malloc_arenas=args.malloc_arenas,
         watch_ranges=args.watch_ranges,
         runtime=args.runtime,
+        attention=args.attention,
         model_process=wants_model_process(args),
     )
 

@@ -43,7 +43,7 @@ from ..bench.runner import Placement, plan
 from ..errors import SquantError
 from ..mappings import max_positions, model_inputs
 from ..monitor import RangeMonitor
-from .runtime import RUNTIMES, Runtime
+from .runtime import ATTENTIONS, RUNTIMES, Attention, Runtime
 
 BUCKETS = (16, 32, 64, 128, 256, 512)
 # Padded tokens per batch. Real MiniLM static INT8 on one AVX2 core, 128-token sequences
@@ -118,6 +118,11 @@ class ServeConfig:
     # if compiling fails, says why and runs eagerly) and runs float ones eagerly; "eager" /
     # "compiled" force either. Start-up takes 1-2 minutes longer with a cold inductor cache.
     runtime: Runtime = "auto"
+    # the compiled runtime's attention kernel (CompileConfig.attention). "auto" times squant's
+    # and PyTorch's in each process and keeps the faster, so two processes may choose
+    # differently: real MiniLM, 200 inputs, two servers agreed only to cosine 0.99877 (each
+    # >= 0.9964 vs FP32). Name one where replicas must return identical vectors.
+    attention: Attention = "auto"
     # run the model in a child process of its own (serve/model_process.py): the HTTP front
     # end, JSON and tokenization then never hold the GIL the model's forward takes back for
     # moments, which cost the model ~11% of its speed beside a busy front end. Pays where the
@@ -139,6 +144,8 @@ class ServeConfig:
             raise SquantError(
                 "watch_ranges counts in the server's own model: not with model_process"
             )
+        if self.attention not in ATTENTIONS:
+            raise SquantError(f"attention must be one of {ATTENTIONS}, got {self.attention!r}")
         if self.runtime not in RUNTIMES:
             raise SquantError(f"runtime must be one of {RUNTIMES}, got {self.runtime!r}")
         for name in ("max_wait_ms", "idle_trim_s", "trim_interval_s"):  # waits: finite

@@ -102,7 +102,8 @@ def engine_for(
     runner = None
     if not packaged and wants_compiled(config.runtime, model, config.watch_ranges):
         threads = plan(config.instances, config.cores_per_instance).cores_per_instance
-        built = compiled_runner(model, tokenizer, threads, required=config.runtime == "compiled")
+        required = config.runtime == "compiled"
+        built = compiled_runner(model, tokenizer, threads, required, config.attention)
         if built is not None:
             model, runner = built
     engine = Engine(

@@ -26,6 +26,8 @@ from ..record import record_of
 
 Runtime = Literal["auto", "eager", "compiled"]
 RUNTIMES: tuple[Runtime, ...] = ("auto", "eager", "compiled")
+Attention = Literal["auto", "squant", "sdpa", "model"]
+ATTENTIONS: tuple[Attention, ...] = ("auto", "squant", "sdpa", "model")
 
 # the compile check's inputs: a padded batch of real text (a compile that agreed on full
 # random batches was refused on real weights with padded ones, shared/TARGETS.md), one of
@@ -53,11 +55,13 @@ def wants_compiled(runtime: Runtime, model: nn.Module, watch_ranges: bool) -> bo
 
 
 def compiled_runner(
-    model: nn.Module, tokenizer: Any, threads: int, required: bool
+    model: nn.Module, tokenizer: Any, threads: int, required: bool, attention: Attention = "auto"
 ) -> tuple[nn.Module, Any] | None:
     """(the model the runner wraps, the runner) compiled at `threads` threads, the workers'
     count (dynamo guards the thread count: a graph built at another count is rebuilt under
-    traffic). None when compiling failed and is not `required` (a warning says why: the
+    traffic). attention: CompileConfig's; "auto" times the candidates in this process, so two
+    processes (replicas, actors) may pick differently and agree only to cosine ~0.999. None when
+    compiling failed and is not `required` (a warning says why: the
     server then runs eagerly); a SquantError when it is required."""
     from .. import compile as squant_compile
     from ..compiler import CompileConfig
@@ -72,7 +76,7 @@ def compiled_runner(
         # beside it (eager: 0.92-1.28x; C++ wrapper: 0.88-0.89x), at the same model speed.
         # (It did not cure the slow recovery after an overload burst: that happened with
         # either wrapper, README "Serving".)
-        config = CompileConfig(dynamic=True, cpp_wrapper=True)
+        config = CompileConfig(dynamic=True, cpp_wrapper=True, attention=attention)
         compiled = squant_compile(model, config, example_inputs=model_inputs(model, example))
     except Exception as e:  # inductor can fail in many ways (a C++ compiler missing, ...)
         reason = f"{type(e).__name__}: {e}".splitlines()[0][:300]
