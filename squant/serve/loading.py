@@ -47,21 +47,21 @@ def engine_for(
     tokenizer = load_tokenizer(path)
     packaged = (path / MANIFEST).is_file()  # a deploy directory: already compiled
     already = packaged or (path / CONFIG_FILE).is_file()
-    if config.model_process and packaged:
-        raise SquantError(
-            "--model-process serves directories from squant quantize / squant.save and float "
-            "checkpoints, not deploy directories"
-        )
-    if config.model_process and calib is not None:
-        raise SquantError(
-            "--model-process serves a quantized directory: run squant quantize first, then "
-            "serve its output (--calib would quantize in both processes)"
-        )
     if config.model_process:
         # the child loads (and compiles) the model; this process only needs its description:
         # loading it here too cost ~350 MB (sentence-transformers and what it imports)
         from .model_process import ModelProcess
 
+        if packaged:
+            raise SquantError(
+                "--model-process serves directories from squant quantize / squant.save and "
+                "float checkpoints, not deploy directories"
+            )
+        if calib is not None:
+            raise SquantError(
+                "--model-process serves a quantized directory: run squant quantize first, then "
+                "serve its output (--calib would quantize in both processes)"
+            )
         st = sentence_settings(pooling_from or path)
         remote = ModelProcess(path, config, pooling_from)
         return Engine(

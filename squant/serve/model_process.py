@@ -37,6 +37,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..bench.runner import plan
 from ..errors import SquantError
 
 # loading and compiling a model takes seconds to minutes; a child silent for this long is hung
@@ -57,7 +58,8 @@ def _child_main(path: str, config: Any, pooling_from: str | None, conns: list[Co
     # which ends this process; dying at once here would fail the batches being drained
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        cores = sorted({c for group in config_cores(config) for c in group})
+        placement = plan(config.instances, config.cores_per_instance)
+        cores = sorted({c for group in placement.cores for c in group})
         if cores and hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, cores)  # loading and compiling run on the model's cores
         if config.malloc_arenas:  # as Engine.start does in one process
@@ -111,12 +113,6 @@ class ModelDescription(nn.Module):
         self.max_seq, self.squant_info = max_seq, squant_info
 
 
-def config_cores(config: Any) -> tuple[tuple[int, ...], ...]:
-    from ..bench.runner import plan
-
-    return tuple(tuple(c) for c in plan(config.instances, config.cores_per_instance).cores)
-
-
 def _answer(engine: Any, index: int, conn: Connection) -> None:
     """Run the batches that arrive on `conn`. The heap is trimmed here as the Engine's workers
     trim theirs (the activations live in this process): after idle_trim_s without a batch,
@@ -158,7 +154,7 @@ class ModelProcess:
         self, path: str | Path, config: Any, pooling_from: str | Path | None = None
     ) -> None:
         ctx = multiprocessing.get_context("spawn")
-        instances = len(config_cores(config))
+        instances = plan(config.instances, config.cores_per_instance).instances
         pairs = [ctx.Pipe() for _ in range(instances)]
         self._free: queue.Queue[Connection] = queue.Queue()
         self.process = ctx.Process(
@@ -207,7 +203,7 @@ class ModelProcess:
         try:
             conn.send((ids, mask, types))
             kind, payload = conn.recv()
-        except (EOFError, OSError, BrokenPipeError) as e:
+        except (EOFError, OSError) as e:  # BrokenPipeError is an OSError
             code = self.process.exitcode
             raise ModelProcessError(f"the model process died (exit code {code}): {e}") from None
         finally:
