@@ -127,6 +127,23 @@ def test_bad_requests_get_their_documented_status(embedder, route, body, status,
     assert r.json()["error_type"] == kind and r.json()["error"]
 
 
+@pytest.mark.parametrize(
+    ("route", "body"),
+    [
+        ("/embed", '{"inputs": "a \\ud800 b"}'),
+        ("/embed", '{"inputs": ["fine", "\\udfff"]}'),
+        ("/v1/embeddings", '{"input": "\\ud800"}'),
+        ("/tokenize", '{"inputs": "x\\ud800"}'),
+        ("/predict", '{"inputs": ["a", "\\ud800"]}'),
+    ],
+)
+def test_a_lone_surrogate_is_a_400_naming_it_not_a_500(embedder, classifier, route, body):
+    _, client = classifier if route == "/predict" else embedder
+    r = client.post(route, content=body.encode(), headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    assert "surrogate" in r.json()["error"] and r.json()["error_type"] == "bad_request"
+
+
 def test_malformed_bodies_and_unknown_routes(embedder):
     _, client = embedder
     assert (

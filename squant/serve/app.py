@@ -157,6 +157,18 @@ def create_app(engine: Engine, model_name: str = "squant", grace_s: float = 30.0
     def _checked(items: list[Text]) -> list[Text]:
         if not items:
             raise ApiError(400, "no inputs", "empty")
+        for item in items:
+            for text in (item,) if isinstance(item, str) else item:
+                if not text.isascii():
+                    try:
+                        text.encode("utf-8")
+                    except UnicodeEncodeError as e:
+                        # a JSON escape such as "\ud800" decodes to half a surrogate pair,
+                        # which is no character at all: the tokenizer cannot read it
+                        where = f"{e.object[e.start : e.end]!a} at character {e.start}"
+                        raise ApiError(
+                            400, f"text is not valid Unicode: lone surrogate {where}", "bad_request"
+                        ) from None
         if len(items) > engine.config.max_inputs:
             raise ApiError(
                 413, f"{len(items)} inputs; at most {engine.config.max_inputs}", "too_many_inputs"
@@ -170,12 +182,12 @@ def create_app(engine: Engine, model_name: str = "squant", grace_s: float = 30.0
         """TEI's shapes: "text"; ["text", "text"] is ONE pair; a batch is a list of [text]
         or [text, text]."""
         if isinstance(inputs, str):
-            return [inputs]
+            return _checked([inputs])
         if all(isinstance(x, str) for x in inputs):
             if len(inputs) == 1:
-                return [inputs[0]]
+                return _checked([inputs[0]])
             if len(inputs) == 2:
-                return [tuple(inputs)]
+                return _checked([tuple(inputs)])
             raise ApiError(422, "a batch is a list of [text] or [text, text] items", "validation")
         items: list[Text] = []
         for x in inputs:

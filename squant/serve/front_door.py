@@ -7,10 +7,17 @@ a refusal (429 while the engine's queue is over its time limit or too many reque
 flight, 413 for a declared body over the limit) is a few dozen bytes written from the
 headers alone. It is pure ASGI (no BaseHTTPMiddleware task per request), and it counts
 every request by route and status, unknown paths under one label so a scan of random URLs
-cannot grow the metrics without bound."""
+cannot grow the metrics without bound.
+
+The body limit holds for every transfer encoding: a chunked body declares no length, so the
+bytes are counted as the application reads them, and at the limit the front door answers
+413 itself (closing the connection) and tells the application the client left; nothing
+past the limit is ever read into memory. A body that stalls longer than the read timeout
+between chunks gets 408 the same way (a client sending a byte at a time holds no worker)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable, Collection
@@ -62,8 +69,10 @@ class FrontDoor:
         requests: Any,
         seconds: Any,
         max_body_bytes: int,
+        body_timeout_s: float = 30.0,
     ) -> None:
         self.app, self.engine = app, engine
+        self.body_timeout_s = body_timeout_s
         self.inference_routes, self.known_routes = inference_routes, known_routes
         self.requests, self.seconds, self.max_body_bytes = requests, seconds, max_body_bytes
 
@@ -79,8 +88,7 @@ class FrontDoor:
     async def _handle(self, scope: Scope, receive: Receive, send: Send, path: str) -> int:
         length = header(scope, b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
-            error = f"body over {self.max_body_bytes} bytes"
-            await reply(send, 413, {"error": error, "error_type": "payload_too_large"})
+            await _too_large(send, self.max_body_bytes)
             return 413
         engine = self.engine
         if scope["method"] == "POST" and path in self.inference_routes and engine.ready:
@@ -90,14 +98,59 @@ class FrontDoor:
                 await reply(send, 429, body, ((b"retry-after", refused.retry_after.encode()),))
                 return 429
         status = 500  # what a response that never started counts as
+        bounded = BoundedBody(receive, send, self.max_body_bytes, self.body_timeout_s)
 
         async def send_and_note(message: Message) -> None:
             nonlocal status
+            if bounded.answered:  # the front door answered already: the app's reply is dropped
+                return
             if message["type"] == "http.response.start":
                 status = message["status"]
+                bounded.response_started = True
             await send(message)
 
         t0 = time.perf_counter()
-        await self.app(scope, receive, send_and_note)
+        await self.app(scope, bounded.receive, send_and_note)
         self.seconds.observe(time.perf_counter() - t0)
-        return status
+        return bounded.answered or status
+
+
+async def _too_large(send: Send, limit: int) -> None:
+    error = f"body over {limit} bytes"
+    close = ((b"connection", b"close"),)
+    await reply(send, 413, {"error": error, "error_type": "payload_too_large"}, close)
+
+
+class BoundedBody:
+    """The request's receive, counted: past max_bytes (or after timeout_s without a chunk)
+    it answers 413 (408) itself, once, and from then on tells the reader the client left."""
+
+    def __init__(self, receive: Receive, send: Send, max_bytes: int, timeout_s: float) -> None:
+        self._receive, self._send = receive, send
+        self.max_bytes, self.timeout_s = max_bytes, timeout_s
+        self.size = 0
+        self.answered = 0  # the status the front door answered with (0: none)
+        self.response_started = False  # by the application
+        self.stopped = False
+
+    async def receive(self) -> Message:
+        if self.stopped:
+            return {"type": "http.disconnect"}
+        try:
+            message = await asyncio.wait_for(self._receive(), self.timeout_s)
+        except TimeoutError:
+            await self._stop(408, f"no body data for {self.timeout_s:g} s", "timeout")
+            return {"type": "http.disconnect"}
+        if message["type"] == "http.request":
+            self.size += len(message.get("body", b""))
+            if self.size > self.max_bytes:
+                await self._stop(413, f"body over {self.max_bytes} bytes", "payload_too_large")
+                return {"type": "http.disconnect"}
+        return message
+
+    async def _stop(self, status: int, error: str, kind: str) -> None:
+        self.stopped = True
+        if not self.response_started:
+            self.answered = status
+            close = ((b"connection", b"close"),)
+            await reply(self._send, status, {"error": error, "error_type": kind}, close)
