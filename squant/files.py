@@ -9,9 +9,21 @@ is there: a crash (kill -9, disk full, an exception) leaves the previous directo
 or nothing. Replacing an existing directory takes two renames (old aside, new in); a crash in
 between - microseconds - leaves the previous one intact under `.NAME.old-*` beside it.
 
-Refused without `overwrite`: a target that holds files squant did not write (no `marker`
-file). Always refused: a target that is, contains or lies inside a protected path (the source
-checkpoint), and a target that exists but is not a directory.
+Refused without `overwrite`: a target that holds anything squant did not write. Ownership is
+proven by content, not by a file name: every directory squant writes carries `OWNED_FILE`,
+a JSON record of squant's listing the names it wrote, and a directory counts as squant's
+only if that record parses and every entry in the directory is one it lists (a user's
+`squant.json` beside `important.txt`, or a note added to a squant output, makes it not
+squant's). Always refused: a target that is, contains or lies inside a protected path (the
+source checkpoint), and a target that exists but is not a directory. Paths are resolved when
+checked, so a later `chdir` cannot redirect a write.
+
+Leftovers of killed runs (`.NAME.tmp-PID-*` of a process that no longer runs, `.NAME.old-*`)
+are removed beside the target by the next successful write.
+
+Single output files (`--json`, `--png`) go through `check_output_file` before any work
+(not a directory, not inside an input, a writable parent) and `write_output_file` after it
+(written beside and renamed into place).
 """
 
 from __future__ import annotations
@@ -27,9 +39,63 @@ from typing import Any
 
 from .errors import SquantError
 
+OWNED_FILE = ".squant-owned.json"
+_OWNED_FORMAT = "squant-output"
+
 
 def _overlaps(target: Path, protected: Path) -> bool:
     return target == protected or protected in target.parents or target in protected.parents
+
+
+def written_by_squant(directory: Path) -> bool:
+    """True when `directory` holds only what squant wrote there (its OWNED_FILE lists every
+    entry); False for anything else, a missing or unreadable record included."""
+    record_path = directory / OWNED_FILE
+    try:
+        if not record_path.is_file() or record_path.stat().st_size > 1 << 20:
+            return False
+        record = json.loads(record_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return False
+    if not isinstance(record, dict) or record.get("format") != _OWNED_FORMAT:
+        return False
+    listed = record.get("files")
+    if not isinstance(listed, list) or not all(isinstance(n, str) for n in listed):
+        return False
+    present = {entry.name for entry in directory.iterdir()} - {OWNED_FILE}
+    return present <= set(listed)
+
+
+def _write_owned_record(directory: Path) -> None:
+    names = sorted(entry.name for entry in directory.iterdir() if entry.name != OWNED_FILE)
+    record = {"format": _OWNED_FORMAT, "format_version": 1, "files": names}
+    (directory / OWNED_FILE).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clean_stale_siblings(final: Path) -> list[Path]:
+    """Remove what killed writes of `final` left beside it: `.NAME.old-*` (a finished replace's
+    previous copy) and `.NAME.tmp-PID-*` whose process is gone. Returns what was removed."""
+    removed = []
+    for entry in final.parent.glob(f".{final.name}.*-*"):
+        rest = entry.name[len(final.name) + 2 :]
+        stale = rest.startswith("old-")
+        if rest.startswith("tmp-"):
+            pid = rest[4:].split("-", 1)[0]
+            stale = pid.isdigit() and not _pid_alive(int(pid))
+        if stale and entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+    return removed
 
 
 def check_output_dir(
@@ -52,9 +118,10 @@ def check_output_dir(
         if not resolved.is_dir():
             raise SquantError(f"output {path} exists and is not a directory")
         entries = list(resolved.iterdir())
-        if entries and not (resolved / marker).is_file() and not overwrite:
+        if entries and not written_by_squant(resolved) and not overwrite:
             raise SquantError(
-                f"output {path} is not empty and was not written by squant (no {marker}); "
+                f"output {path} is not empty and was not written by squant (it holds files squant "
+                "did not write); "
                 "pass --overwrite (overwrite=True) to replace it, or choose an empty directory"
             )
     parent = resolved.parent
@@ -82,11 +149,18 @@ def atomic_directory(
     """Yield a fresh temporary directory; on success it replaces `target` whole."""
     final = check_output_dir(target, marker, protect, overwrite)
     try:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+        prefix = f".{final.name}.tmp-{os.getpid()}-"
+        tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=final.parent))
     except OSError as e:
         raise SquantError(f"cannot write into {final.parent}: {e.strerror or e}") from None
     try:
         yield tmp
+        _write_owned_record(tmp)
+        # the directory follows the user's umask (mkdtemp makes it 0700: unreadable to a
+        # server running as another user)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)
         _fsync_tree(tmp)
         if final.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-", dir=final.parent))
@@ -95,12 +169,56 @@ def atomic_directory(
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.rename(tmp, final)
+        clean_stale_siblings(final)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         raise SquantError(f"cannot write {final}: {e.strerror or e}") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def check_output_file(
+    target: str | Path, protect: Iterable[str | Path] = (), what: str = "output"
+) -> Path:
+    """Refuse an output file now, before any slow work: a directory, a path that is or lies
+    inside an input (a checkpoint's config.json), or a parent that cannot be written.
+    Returns the resolved path (a later chdir does not move it)."""
+    path = Path(target).expanduser()
+    resolved = path.resolve()
+    for p in protect:
+        source = Path(p).expanduser().resolve() if p else None
+        if source is not None and (resolved == source or source in resolved.parents):
+            raise SquantError(f"{what} {path} is inside the input {p}; choose another path")
+    if resolved.is_dir():
+        raise SquantError(f"{what} {path} is a directory; give a file name")
+    parent = resolved.parent
+    blocker = next((a for a in (parent, *parent.parents) if a.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        raise SquantError(f"cannot write {what} {path}: {blocker} is a file, not a directory")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SquantError(f"cannot create {parent}: {e.strerror or e}") from None
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise SquantError(f"cannot write {what} into {parent}: permission denied")
+    if resolved.exists() and not os.access(resolved, os.W_OK):
+        raise SquantError(f"cannot write {what} {path}: permission denied")
+    return resolved
+
+
+def write_output_file(path: Path, data: str | bytes) -> None:
+    """Write beside `path` and rename into place (a crash leaves the old file or none)."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        if isinstance(data, str):
+            tmp.write_text(data, encoding="utf-8")
+        else:
+            tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise SquantError(f"cannot write {path}: {e.strerror or e}") from None
 
 
 def _fsync_tree(root: Path) -> None:

@@ -121,6 +121,9 @@ def load_model(path: str | Path, task: str = "auto") -> nn.Module:
             f"{' ...' if len(missing) > 3 else ''}); its head would be random: use a checkpoint "
             "fine-tuned for this task"
         )
+    # absolute: squant.save refuses to write over the checkpoint a model came from, and a
+    # relative path would name another directory after a chdir
+    model.config._name_or_path = str(Path(path).resolve())
     return model.eval()
 
 

@@ -19,6 +19,7 @@ import copy
 import fnmatch
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, cast
 
 import torch
@@ -244,6 +245,7 @@ def _prepare(
     if not inplace:
         model = copy.deepcopy(model)
     model.eval()
+    _pin_source_path(model)
     fuse_attention(model, layout)
     all_sites = find_sites(model, layout)
     sites = [s for s in all_sites if not _excluded(s.name, exclude)]
@@ -273,6 +275,15 @@ def smooth(
     stats = _observe(model, [s.name for s in sites], SiteStats, batches, "smoothing", progress)
     _apply_smoothing(model, layout, sites, stats, fixed_alpha(alpha), outliers)
     return model.eval()
+
+
+def _pin_source_path(model: nn.Module) -> None:
+    """Make the checkpoint path the model was loaded from absolute, now: squant.save refuses
+    to write over it, and a relative path would name another directory after a chdir."""
+    config = getattr(model, "config", None)
+    source = getattr(config, "_name_or_path", "")
+    if isinstance(source, str) and source and Path(source).is_dir():
+        config._name_or_path = str(Path(source).resolve())  # type: ignore[union-attr]
 
 
 def quantize(

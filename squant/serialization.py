@@ -52,8 +52,11 @@ def save(
     *,
     overwrite: bool = False,
     protect: tuple[str | Path, ...] = (),
+    extra_files: Mapping[str, str] | None = None,
 ) -> Path:
     """Write a model returned by squant.quantize() to `directory`, atomically.
+
+    extra_files: name -> text written beside the model (a report), part of the same write.
 
     Refused: a directory holding files squant did not write (unless overwrite=True), and one
     that is, contains or lies inside the checkpoint the model was loaded from (or `protect`).
@@ -83,6 +86,10 @@ def save(
             tokenizer.save_pretrained(str(tmp))
         if st is not None:
             sentence_transformer.save_files(st, tmp)
+        for name, text in (extra_files or {}).items():
+            if Path(name).name != name or name.startswith("."):
+                raise SquantError(f"extra file name {name!r} must be a plain file name")
+            (tmp / name).write_text(text, encoding="utf-8")
     return Path(directory)
 
 

@@ -345,3 +345,24 @@ def test_analyze_command_prints_roofline_and_writes_json(tiny_checkpoint, tmp_pa
     assert saved["peaks"]["bandwidth_bytes_per_s"] > 0
     code = main(["analyze", str(tmp_path / "missing"), "--hotspots", "", "--png", ""])
     _one_line_error(capsys, code, "analyze", "missing")
+
+
+@pytest.mark.parametrize("flag", ["--json", "--png"])
+def test_output_files_inside_an_input_or_on_a_directory_are_refused_before_work(
+    tiny_checkpoint, tmp_path, capsys, flag
+):
+    before = (tiny_checkpoint / "config.json").read_bytes()
+    cases = [
+        (str(tiny_checkpoint / "config.json"), "inside the input"),
+        (str(tmp_path), "is a directory"),
+    ]
+    commands = [["bench", str(tiny_checkpoint), "--variants", "fp32"]]
+    if flag == "--json":
+        data = tmp_path / "mnli.jsonl"
+        data.write_text('{"premise": "a", "hypothesis": "b", "label": 0}\n')
+        commands.append(["eval", str(tiny_checkpoint), "--task", "mnli", "--data", str(data)])
+    for command in commands:
+        for target, message in cases:
+            code = main([*command, flag, target])
+            _one_line_error(capsys, code, command[0], message)
+    assert (tiny_checkpoint / "config.json").read_bytes() == before

@@ -35,7 +35,8 @@ def test_save_load_round_trip_is_exact(tmp_path, arch, head, mode):
 def test_saved_files_are_safetensors_and_json_only(tmp_path):
     q = squant.quantize(tiny_model("bert"), calibration=token_batches(), progress=False)
     squant.save(q, tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors", "squant.json"]
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == [".squant-owned.json", "model.safetensors", "squant.json"]
     meta = json.loads((tmp_path / "squant.json").read_text())
     assert meta["model_class"] == "BertModel"
     assert meta["quantization"]["config"]["mode"] == "static"
@@ -205,7 +206,7 @@ def test_save_refuses_foreign_and_source_directories(tmp_path, saved, tiny_check
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("mine")
-    with pytest.raises(squant.SquantError, match="not written by squant"):
+    with pytest.raises(squant.SquantError, match="squant did not write"):
         squant.save(q, foreign)
     assert (foreign / "notes.txt").read_text() == "mine"
     squant.save(q, foreign, overwrite=True)
@@ -275,3 +276,67 @@ def test_a_killed_save_leaves_the_previous_model_intact(tmp_path, saved):
     after = run(squant.load(target), test)
     torch.testing.assert_close(after, before, rtol=0, atol=0)
     assert squant.load(target).squant_info.config.mode == "static"
+    # the killed writer's temporary copy is removed by the next successful write
+    assert list(tmp_path.glob(".model.tmp-*"))
+    squant.save(q, target)
+    assert not list(tmp_path.glob(".model.tmp-*")) and not list(tmp_path.glob(".model.old-*"))
+
+
+def test_ownership_is_proven_by_content_not_by_a_file_name(tmp_path, saved):
+    q, _ = saved
+    # a user's directory that happens to hold a squant.json is not squant's
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "squant.json").write_text("{}")
+    (user / "important.txt").write_text("keep me")
+    with pytest.raises(squant.SquantError, match="squant did not write"):
+        squant.save(q, user)
+    assert (user / "important.txt").read_text() == "keep me"
+    # a squant output with a note added by its user is not squant's any more
+    out = tmp_path / "out"
+    squant.save(q, out)
+    squant.save(q, out)  # squant's own output is replaced without asking
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(squant.SquantError, match="squant did not write"):
+        squant.save(q, out)
+    assert (out / "notes.txt").read_text() == "mine"
+    # a forged ownership record that does not list the user's file does not count either
+    (out / ".squant-owned.json").write_text('{"format": "squant-output", "files": []}')
+    with pytest.raises(squant.SquantError, match="squant did not write"):
+        squant.save(q, out)
+
+
+def test_a_relative_source_path_still_protects_the_checkpoint_after_chdir(
+    tmp_path, tiny_checkpoint, monkeypatch
+):
+    import shutil
+
+    from transformers import AutoModel
+
+    work = tmp_path / "a" / "b"
+    work.mkdir(parents=True)
+    shutil.copytree(tiny_checkpoint, tmp_path / "a" / "tiny")
+    monkeypatch.chdir(work)
+    model = AutoModel.from_pretrained("../tiny")  # relative, as a user would type it
+    batches = [
+        {"input_ids": b["input_ids"] % 40, "attention_mask": b["attention_mask"]}
+        for b in token_batches()
+    ]
+    qm = squant.quantize(model, calibration=batches, progress=False)
+    monkeypatch.chdir(tmp_path / "a")
+    # "../tiny" now names tmp_path/tiny; the checkpoint is still protected: no write lands in it
+    with pytest.raises(squant.SquantError, match="overlaps the input"):
+        squant.save(qm, "tiny", overwrite=True)
+    assert (tmp_path / "a" / "tiny" / "config.json").is_file()
+
+
+def test_saved_directories_follow_the_umask(tmp_path, saved):
+    import os
+
+    q, _ = saved
+    old = os.umask(0o022)
+    try:
+        squant.save(q, tmp_path / "m")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "m").stat().st_mode & 0o777 == 0o755

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from .common import load_any, positive_int
 
@@ -39,7 +38,11 @@ def run(args: argparse.Namespace) -> None:
     import torch
 
     from ..analyze import analyze_model
+    from ..files import check_output_file, write_output_file
 
+    inputs = [args.model, args.bench]
+    json_path = check_output_file(args.json, inputs, "--json") if args.json else None
+    png_path = check_output_file(args.png, inputs, "--png") if args.png else None
     if args.threads:
         torch.set_num_threads(args.threads)
     model = load_any(args.model)
@@ -49,14 +52,14 @@ def run(args: argparse.Namespace) -> None:
         model, args.model, args.batch, args.seq, hotspots, args.bench, quick=args.quick
     )
     print("\n" + "\n".join(analysis.lines()))
-    if args.png:
+    if png_path:
         from ..bench.plots import roofline_png
 
         try:
-            png = roofline_png(analysis.gemms, analysis.peaks, args.png, args.model)
+            png = roofline_png(analysis.gemms, analysis.peaks, png_path, args.model)
             print(f"\nroofline plot: {png}")
         except ImportError:
             print("(matplotlib not installed: no plot; pip install 'squant[plot]')")
-    if args.json:
-        Path(args.json).write_text(json.dumps(analysis.record(), indent=2, default=str))
+    if json_path:
+        write_output_file(json_path, json.dumps(analysis.record(), indent=2, default=str))
         print(f"JSON: {args.json}")

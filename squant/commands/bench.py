@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from .common import load_any, positive_float, positive_int
 
@@ -40,7 +39,10 @@ def run(args: argparse.Namespace) -> None:
     from ..bench import runner
     from ..bench.compare import bench_variants
     from ..bench.configs import is_builtin
+    from ..files import check_output_file, write_output_file
 
+    json_path = check_output_file(args.json, [args.model], "--json") if args.json else None
+    png_path = check_output_file(args.png, [args.model], "--png") if args.png else None
     placement = runner.plan(args.instances, args.cores_per_instance)
     model = load_any(args.model)
     weights = (
@@ -50,14 +52,13 @@ def run(args: argparse.Namespace) -> None:
         model, args.model, args.variants, placement, args.batch, args.seq, args.duration, weights
     )
     print("\n" + "\n".join(report.lines()))
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report.record(), indent=2))
+    if json_path:
+        write_output_file(json_path, json.dumps(report.record(), indent=2))
         print(f"JSON: {args.json}")
-    if args.png:
+    if png_path:
         from ..bench.plots import bars_png
 
         tputs = {n: report.throughput(n) for n in report.results}
         shape = f"{placement.instances}x{placement.cores_per_instance}"
         title = f"{args.model}, bs {args.batch}, seq {args.seq}, {shape}"
-        print(f"chart: {bars_png(tputs, args.png, title, 'sequences/s')}")
+        print(f"chart: {bars_png(tputs, png_path, title, 'sequences/s')}")

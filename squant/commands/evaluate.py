@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from .common import parse_alpha, positive_int
 
@@ -44,8 +43,11 @@ def run(args: argparse.Namespace) -> None:
     import json
 
     from ..eval.runner import EvalSettings, evaluate, format_results
+    from ..files import check_output_file, write_output_file
     from ..report import format_table
 
+    inputs = [args.model, args.data, args.calib, args.train]
+    json_path = check_output_file(args.json, inputs, "--json") if args.json else None
     settings = EvalSettings(batch_size=args.batch_size, calib_size=args.calib_size)
     record = evaluate(
         args.model,
@@ -62,7 +64,6 @@ def run(args: argparse.Namespace) -> None:
     alpha = "each mode's default" if args.alpha is None else args.alpha
     print(f"{args.task} on {record['n_scored']} examples of {args.data}; alpha={alpha}")
     print(format_table(headers, format_results(record)))
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(record, indent=2))
+    if json_path:
+        write_output_file(json_path, json.dumps(record, indent=2))
         print(f"JSON: {args.json}")

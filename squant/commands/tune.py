@@ -77,23 +77,29 @@ def _speed_meter(model: Any, seq: int) -> Callable[[Any], float] | None:
 
 def run(args: argparse.Namespace) -> None:
     from ..eval.runner import prepare_task
-    from ..files import check_output_dir
+    from ..files import check_output_dir, check_output_file, write_output_file
     from ..models import load_tokenizer
     from ..serialization import CONFIG_FILE, save
     from ..tune import TuneConfig, tune
 
     check_output_dir(args.out, CONFIG_FILE, [args.model], args.overwrite)
+    json_path = (
+        check_output_file(args.json, [args.model, args.out], "--json") if args.json else None
+    )
     task = prepare_task(args.model, args.task, args.data, args.limit, args.calib, args.train)
     config = TuneConfig(max_loss=args.max_loss, max_fallback=args.max_fallback, metric=args.metric)
     result = tune(task, config, _speed_meter(task.model, args.measure_speed))
+    report = json.dumps(result.to_dict(), indent=2)
     save(
         result.model,
         args.out,
         tokenizer=load_tokenizer(args.model),
         overwrite=args.overwrite,
         protect=(args.model,),
+        extra_files=None if json_path else {"tune.json": report},
     )
-    path = Path(args.json) if args.json else Path(args.out) / "tune.json"
-    path.write_text(json.dumps(result.to_dict(), indent=2))
+    path = json_path or Path(args.out) / "tune.json"
+    if json_path:
+        write_output_file(json_path, report)
     print("\n".join(result.lines()))
     print(f"saved -> {args.out}; report {path}")
