@@ -14,10 +14,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
+import threading
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, cast
 
@@ -157,6 +159,8 @@ class CompiledEncoder(nn.Module):
         self._compiled = torch.compile(model, dynamic=config.dynamic, options=self.options)
         self.selection: dict[str, Any] = {}
         self.check_cosine: float | None = None
+        self.sealed = False
+        self.refused_recompiles = 0  # calls that would have compiled after seal(): ran eagerly
 
     @property
     def config(self) -> Any:
@@ -166,8 +170,25 @@ class CompiledEncoder(nn.Module):
     def squant_info(self) -> QuantizationRecord | None:
         return record_of(self.model)
 
+    def seal(self) -> None:
+        """From now on, never compile: a call whose shapes no compiled graph covers runs the
+        model eagerly (same outputs, slower) and is counted in `refused_recompiles`, instead
+        of stalling its caller for the tens of seconds a compile takes. A server seals its
+        model once every shape it will send is warm."""
+        self.sealed = True
+
     @torch.no_grad()
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self.sealed:
+            try:
+                with _no_compiling():
+                    return _to_float32(self._compiled(*args, **kwargs))
+            except RuntimeError as e:
+                if "fail_on_recompile" not in str(e):
+                    raise
+                with _COUNT_LOCK:
+                    self.refused_recompiles += 1
+                return _to_float32(self.model(*args, **kwargs))
         # dynamo reads inductor's `freezing` while tracing (lazily, at a call): scope it here
         with torch._inductor.config.patch(self.options):
             return _to_float32(self._compiled(*args, **kwargs))
@@ -181,6 +202,33 @@ class CompiledEncoder(nn.Module):
             "selection": self.selection,
             "check_cosine": self.check_cosine,
         }
+
+
+# dynamo's "stance" is one process-wide setting: calls of sealed models on several threads
+# share it, so it is set when the first such call starts and restored when the last ends
+_COUNT_LOCK = threading.Lock()
+_STANCE_LOCK = threading.Lock()
+_sealed_calls = 0
+_prior_stance: Any = None
+
+
+@contextlib.contextmanager
+def _no_compiling() -> Iterator[None]:
+    """dynamo raises instead of compiling while any sealed model's call is running."""
+    from torch._dynamo.eval_frame import DynamoStance, _set_stance
+
+    global _sealed_calls, _prior_stance
+    with _STANCE_LOCK:
+        if _sealed_calls == 0:
+            _prior_stance = _set_stance(DynamoStance("fail_on_recompile"))
+        _sealed_calls += 1
+    try:
+        yield
+    finally:
+        with _STANCE_LOCK:
+            _sealed_calls -= 1
+            if _sealed_calls == 0:
+                _set_stance(_prior_stance)
 
 
 def _cosine(a: Tensor, b: Tensor) -> float:

@@ -6,6 +6,7 @@ import os
 import threading
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -704,3 +705,41 @@ def test_the_front_end_moves_off_the_instances_cores():
     assert seen["now"] == seen["child"] == set(cores[1:])  # threads started later inherit it
     assert seen["none_left"] == ()
     assert os.sched_getaffinity(0) == set(cores)
+
+
+def test_after_ready_no_shape_compiles_mixed_batches_and_lengths_run_on_warm_graphs(base_dir):
+    """Every batch size 1..max and every length 1..max after start(): no compile happens (a
+    sealed runner would run such a call eagerly and count it), answers stay right."""
+    from squant.serve.loading import engine_for
+
+    config = ServeConfig(
+        instances=1,
+        cores_per_instance=1,
+        max_batch_requests=4,
+        runtime="compiled",
+        buckets=(16, 32),
+    )
+    engine = engine_for(base_dir, config)
+    engine.start()
+    try:
+        assert engine.runner.sealed
+        client = TestClient(create_app(engine))
+        rng = np.random.default_rng(0)
+        for n in range(1, 5):
+            for _ in range(6):
+                words = rng.integers(0, 40, size=n)
+                texts = [" ".join(["cat"] * int(w)) for w in words]
+                assert client.post("/embed", json={"inputs": texts}).status_code == 200
+        assert engine.refused_recompiles == 0, "a shape after ready was not warm"
+        metrics = client.get("/metrics").text
+        assert "squant_refused_recompiles_total 0" in metrics
+        # a shape the engine never sends (one token wide: dynamo specializes sizes of 1) is
+        # not compiled: it runs eagerly, gives the eager answer, and is counted
+        ids = np.full((3, 1), 5, dtype=np.int64)
+        rows = engine.local_rows(ids, np.ones_like(ids), np.zeros_like(ids))
+        assert engine.refused_recompiles == 1
+        with torch.no_grad():
+            ref = engine.model(input_ids=torch.from_numpy(ids)).last_hidden_state[:, 0]
+        torch.testing.assert_close(rows, ref.float(), atol=1e-4, rtol=1e-4)
+    finally:
+        engine.stop(1.0)

@@ -338,6 +338,10 @@ def create_app(engine: Engine, model_name: str = "squant", grace_s: float = 30.0
                 f"squant_queue_seconds_total {s.queue_seconds}\n"
                 f"squant_inference_seconds_total {s.inference_seconds}\n"
                 f"squant_heap_trims_total {engine.trims}\n"
+                "# HELP squant_refused_recompiles_total calls after warm-up that would have "
+                "compiled; they ran eagerly instead\n"
+                "# TYPE squant_refused_recompiles_total counter\n"
+                f"squant_refused_recompiles_total {engine.refused_recompiles}\n"
             )
         if engine.range_monitor is not None:  # --watch-ranges: the drift alarm
             for name, r in engine.range_monitor.report().items():

@@ -667,11 +667,30 @@ class Engine:
                     self._run(filler)
             self.stats = Stats()  # warm-up is not traffic
             self._tokens_per_s = None  # nor is its speed (first calls may compile)
+            # every shape the batcher can send is warm: from here on a call that would compile
+            # runs eagerly instead (counted in /metrics), never a 40-60 s stall under traffic
+            self.seal()
         for i in range(self.placement.instances):
             t = threading.Thread(target=self._worker, args=(i,), daemon=True, name=f"squant-{i}")
             t.start()
             self._workers.append(t)
         self.ready = True
+
+    def seal(self) -> None:
+        """No compiling from now on (CompiledEncoder.seal), in this process or the model's."""
+        if self.remote is not None:
+            self.remote.seal()
+            return
+        seal = getattr(self.runner, "seal", None)
+        if seal is not None:
+            seal()
+
+    @property
+    def refused_recompiles(self) -> int:
+        """Calls after warm-up whose shapes no compiled graph covered (run eagerly instead)."""
+        if self.remote is not None:
+            return self.remote.refused_recompiles
+        return int(getattr(self.runner, "refused_recompiles", 0))
 
     def stop(self, grace_s: float = 30.0) -> None:
         """Stop admitting, finish what was admitted (within grace_s), stop the workers."""

@@ -137,9 +137,13 @@ def _answer(engine: Any, index: int, conn: Connection) -> None:
             return
         if message is None:
             return
+        if message == "seal":
+            engine.seal()
+            conn.send(("sealed", None))
+            continue
         try:
             rows = engine.local_rows(*message)
-            conn.send(("rows", rows.numpy()))
+            conn.send(("rows", (rows.numpy(), engine.refused_recompiles)))
         except Exception as e:  # one bad batch fails its requests, not the process
             conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}"))
         ran = True
@@ -193,6 +197,7 @@ class ModelProcess:
             self.process.join(5.0)
             raise SquantError(f"the model process could not load {path}: {detail}")
         self.description = ModelDescription(**detail)
+        self.refused_recompiles = 0  # as the child last reported it
         for parent, _ in pairs:
             self._free.put(parent)
         self._conns = [parent for parent, _ in pairs]
@@ -210,7 +215,24 @@ class ModelProcess:
             self._free.put(conn)
         if kind != "rows":
             raise ModelProcessError(f"the model process failed the batch: {payload}")
-        return torch.from_numpy(payload)
+        rows, refused = payload
+        self.refused_recompiles = max(self.refused_recompiles, int(refused))
+        return torch.from_numpy(rows)
+
+    def seal(self) -> None:
+        """No compiling in the child from now on (Engine.seal there)."""
+        conn = self._free.get()
+        try:
+            conn.send("seal")
+            kind, _ = conn.recv()
+        except (EOFError, OSError) as e:
+            raise ModelProcessError(
+                f"the model process died (exit code {self.process.exitcode}): {e}"
+            ) from None
+        finally:
+            self._free.put(conn)
+        if kind != "sealed":
+            raise ModelProcessError(f"the model process could not seal its model: {kind}")
 
     def alive(self) -> bool:
         return self.process.is_alive()
