@@ -109,6 +109,29 @@ def test_predict_singles_pairs_and_labels(classifier):
     assert len(batch) == 2
 
 
+def test_openai_base64_and_dimensions_as_the_openai_sdk_asks_for_them(embedder):
+    import base64
+
+    engine, client = embedder
+    plain = client.post("/v1/embeddings", json={"input": ["a dog", "the cat"]}).json()
+    # what the openai SDK sends by default: base64 of little-endian float32
+    packed = client.post(
+        "/v1/embeddings", json={"input": ["a dog", "the cat"], "encoding_format": "base64"}
+    ).json()
+    for p, b in zip(plain["data"], packed["data"], strict=True):
+        decoded = np.frombuffer(base64.b64decode(b["embedding"]), dtype="<f4")
+        np.testing.assert_array_equal(decoded, np.asarray(p["embedding"], dtype=np.float32))
+    short = client.post("/v1/embeddings", json={"input": "a dog", "dimensions": 8}).json()
+    v = np.asarray(short["data"][0]["embedding"])
+    full = np.asarray(plain["data"][0]["embedding"])
+    assert v.shape == (8,)
+    if engine.normalize_default:  # shortened and renormalised, as OpenAI's are
+        assert abs(np.linalg.norm(v) - 1) < 1e-5
+        np.testing.assert_allclose(v, full[:8] / np.linalg.norm(full[:8]), rtol=1e-5)
+    else:
+        np.testing.assert_allclose(v, full[:8], rtol=1e-6)
+
+
 @pytest.mark.parametrize(
     ("route", "body", "status", "kind"),
     [
@@ -118,7 +141,9 @@ def test_predict_singles_pairs_and_labels(classifier):
         ("/embed", {"nothing": 1}, 422, "validation"),
         ("/embed", {"inputs": "word " * 100, "truncate": False}, 422, "validation"),
         ("/predict", {"inputs": "a"}, 422, "wrong_route"),
-        ("/v1/embeddings", {"input": "a", "encoding_format": "base64"}, 422, "validation"),
+        ("/v1/embeddings", {"input": "a", "encoding_format": "int8"}, 422, "validation"),
+        ("/v1/embeddings", {"input": "a", "dimensions": 0}, 422, "validation"),
+        ("/v1/embeddings", {"input": "a", "dimensions": 100_000}, 422, "validation"),
     ],
 )
 def test_bad_requests_get_their_documented_status(embedder, route, body, status, kind):
@@ -743,3 +768,14 @@ def test_after_ready_no_shape_compiles_mixed_batches_and_lengths_run_on_warm_gra
         torch.testing.assert_close(rows, ref.float(), atol=1e-4, rtol=1e-4)
     finally:
         engine.stop(1.0)
+
+
+def test_the_openai_sdk_with_its_default_settings_gets_the_served_embeddings(embedder):
+    openai = pytest.importorskip("openai")
+    _, client = embedder
+    sdk = openai.OpenAI(base_url="http://testserver/v1", api_key="unused", http_client=client)
+    got = sdk.embeddings.create(input=["a dog", "the cat"], model="squant")  # base64 by default
+    plain = client.post("/v1/embeddings", json={"input": ["a dog", "the cat"]}).json()
+    for g, p in zip(got.data, plain["data"], strict=True):
+        np.testing.assert_allclose(np.asarray(g.embedding), p["embedding"], rtol=1e-6)
+    assert got.usage.total_tokens > 0

@@ -18,6 +18,7 @@ bad input.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import os
 import time
@@ -59,7 +60,10 @@ class EmbedRequest(BaseModel):
 class OpenAIEmbeddingRequest(BaseModel):
     input: str | list[str]
     model: str | None = None
+    # the openai SDK (and LangChain's OpenAIEmbeddings) ask for base64 unless told otherwise
     encoding_format: str = "float"
+    dimensions: int | None = None
+    user: str | None = None
 
 
 class PredictRequest(BaseModel):
@@ -253,8 +257,11 @@ def create_app(engine: Engine, model_name: str = "squant", grace_s: float = 30.0
     @app.post("/v1/embeddings")
     async def openai_embeddings(body: OpenAIEmbeddingRequest) -> Response:
         _need("embed")
-        if body.encoding_format != "float":
-            raise ApiError(422, "encoding_format must be 'float'", "validation")
+        if body.encoding_format not in ("float", "base64"):
+            raise ApiError(422, "encoding_format must be 'float' or 'base64'", "validation")
+        width = int(hf_config(engine.model).hidden_size)
+        if body.dimensions is not None and not 1 <= body.dimensions <= width:
+            raise ApiError(422, f"dimensions must be in [1, {width}] for this model", "validation")
         rows, tokens = await _run(_texts(body.input), True)
         return _json(
             {
@@ -263,7 +270,9 @@ def create_app(engine: Engine, model_name: str = "squant", grace_s: float = 30.0
                     {
                         "object": "embedding",
                         "index": i,
-                        "embedding": _vector(r, engine.normalize_default),
+                        "embedding": _openai_vector(
+                            r, engine.normalize_default, body.dimensions, body.encoding_format
+                        ),
                     }
                     for i, r in enumerate(rows)
                 ],
@@ -390,6 +399,21 @@ def _json(content: Any) -> Response:
     return Response(
         orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json"
     )
+
+
+def _openai_vector(
+    row: torch.Tensor, normalize: bool, dimensions: int | None, encoding: str
+) -> np.ndarray | str:
+    """OpenAI's embedding field: `dimensions` keeps the first n values and renormalises them
+    (as OpenAI's shortened embeddings do); base64 is the little-endian float32 bytes."""
+    vector = _vector(row, normalize)
+    if dimensions is not None:
+        vector = vector[:dimensions]
+        if normalize:
+            vector = vector / max(float(np.linalg.norm(vector)), 1e-12)
+    if encoding == "base64":
+        return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
+    return vector
 
 
 def _vector(row: torch.Tensor, normalize: bool) -> np.ndarray:
