@@ -44,7 +44,16 @@ def text_from_record(record: Any, where: str) -> Text:
     raise SquantError(f"{where}: no text field found (looked for {fields})")
 
 
+# a file squant would read wrongly as text lines: refused, with the formats it does read
+_NOT_TEXT_SUFFIXES = (".json", ".parquet", ".csv", ".gz", ".zip", ".arrow", ".safetensors")
+
+
 def _file_texts(path: Path) -> Iterator[Text]:
+    if path.suffix.lower() in _NOT_TEXT_SUFFIXES:
+        raise SquantError(
+            f"{path}: {path.suffix} is not a calibration format; use .jsonl (one JSON object "
+            "per line), or .txt/.tsv (one text per line, a tab between a pair)"
+        )
     if path.suffix == ".jsonl":
         for n, record in iter_jsonl(path, objects_only=False):
             yield text_from_record(record, f"{path}:{n}")

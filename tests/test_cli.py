@@ -366,3 +366,15 @@ def test_output_files_inside_an_input_or_on_a_directory_are_refused_before_work(
             code = main([*command, flag, target])
             _one_line_error(capsys, code, command[0], message)
     assert (tiny_checkpoint / "config.json").read_bytes() == before
+
+
+def test_a_json_calibration_file_is_refused_not_read_as_text_lines(
+    tiny_checkpoint, tmp_path, capsys
+):
+    calib = tmp_path / "calib.json"
+    calib.write_text('[{"text": "a cat"}, {"text": "a dog"}]')
+    code = main(
+        ["quantize", str(tiny_checkpoint), "--calib", str(calib), "--out", str(tmp_path / "o")]
+    )
+    _one_line_error(capsys, code, "quantize", ".json is not a calibration format")
+    assert not (tmp_path / "o").exists()

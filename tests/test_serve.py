@@ -779,3 +779,16 @@ def test_the_openai_sdk_with_its_default_settings_gets_the_served_embeddings(emb
     for g, p in zip(got.data, plain["data"], strict=True):
         np.testing.assert_allclose(np.asarray(g.embedding), p["embedding"], rtol=1e-6)
     assert got.usage.total_tokens > 0
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("max_queue_ms", float("nan"), "max_queue_ms must be a finite number"),
+        ("max_queue_ms", float("inf"), "max_queue_ms must be a finite number"),
+        ("malloc_arenas", 10**11, r"malloc_arenas must be in \[0, 4096\]"),
+    ],
+)
+def test_nonsense_serve_settings_are_refused(field, value, message):
+    with pytest.raises(squant.SquantError, match=message):
+        ServeConfig(**{field: value})

@@ -136,10 +136,11 @@ class ServeConfig:
                 raise SquantError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.timeout_s > 0:
             raise SquantError(f"timeout_s must be > 0, got {self.timeout_s}")
-        if self.max_queue_ms < 0:
-            raise SquantError(f"max_queue_ms must be >= 0, got {self.max_queue_ms}")
-        if self.malloc_arenas < 0:
-            raise SquantError(f"malloc_arenas must be >= 0, got {self.malloc_arenas}")
+        if not 0 <= self.max_queue_ms < float("inf"):  # NaN fails this too
+            raise SquantError(f"max_queue_ms must be a finite number >= 0, got {self.max_queue_ms}")
+        # glibc caps arenas at 8 per core; beyond a few thousand a number is a typo
+        if not 0 <= self.malloc_arenas <= 4096:
+            raise SquantError(f"malloc_arenas must be in [0, 4096], got {self.malloc_arenas}")
         if self.model_process and self.watch_ranges:
             raise SquantError(
                 "watch_ranges counts in the server's own model: not with model_process"
