@@ -200,6 +200,8 @@ def write_shards(
     input_path, out = Path(input_path), Path(out)
     if not input_path.is_file():
         raise SquantError(f"input {input_path} does not exist")
+    if input_path.stat().st_size == 0:  # before anything is loaded or written
+        raise SquantError(f"input {input_path} is empty: nothing to embed")
     _check_manifest(
         out,
         {

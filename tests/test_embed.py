@@ -93,6 +93,10 @@ def test_embed_command(base_dir, tiny_checkpoint, tmp_path, capsys):
     code = main(["embed", str(base_dir), str(tmp_path / "none.txt"), "--out", str(out)])
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.startswith("squant embed: error:") and "does not exist" in err
+    (tmp_path / "empty.txt").write_text("")
+    code = main(["embed", str(base_dir), str(tmp_path / "empty.txt"), "--out", str(tmp_path / "e")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "is empty: nothing to embed" in err and not (tmp_path / "e").exists()
     code = main(["embed", str(tiny_checkpoint), str(corpus), "--out", str(tmp_path / "o2")])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "needs a base model" in err

@@ -792,3 +792,9 @@ def test_the_openai_sdk_with_its_default_settings_gets_the_served_embeddings(emb
 def test_nonsense_serve_settings_are_refused(field, value, message):
     with pytest.raises(squant.SquantError, match=message):
         ServeConfig(**{field: value})
+
+
+def test_an_empty_predict_batch_is_400_like_every_route(classifier):
+    _, client = classifier
+    r = client.post("/predict", json={"inputs": []})
+    assert r.status_code == 400 and r.json()["error_type"] == "empty"

@@ -45,6 +45,10 @@ def run(args: argparse.Namespace) -> None:
         from ..errors import SquantError
 
         raise SquantError(f"input {args.input} does not exist")
+    if Path(args.input).stat().st_size == 0:
+        from ..errors import SquantError
+
+        raise SquantError(f"input {args.input} is empty: nothing to embed")
     if args.ray:
         print(_run_on_ray(args).line())
         return

@@ -187,6 +187,8 @@ def create_app(engine: Engine, model_name: str = "squant", grace_s: float = 30.0
         or [text, text]."""
         if isinstance(inputs, str):
             return _checked([inputs])
+        if not inputs:
+            return _checked([])  # 400 "no inputs", as on every other route
         if all(isinstance(x, str) for x in inputs):
             if len(inputs) == 1:
                 return _checked([inputs[0]])
