@@ -798,3 +798,22 @@ def test_an_empty_predict_batch_is_400_like_every_route(classifier):
     _, client = classifier
     r = client.post("/predict", json={"inputs": []})
     assert r.status_code == 400 and r.json()["error_type"] == "empty"
+
+
+def test_tokenize_is_admitted_like_inference(tokenizer):
+    """/tokenize does work too: with every admission slot held it is refused with 429."""
+    import contextlib
+
+    model = tiny_model("bert", vocab_size=len(tokenizer))
+    engine = Engine(
+        model, tokenizer, ServeConfig(instances=1, cores_per_instance=1, max_concurrent=2)
+    )
+    engine.ready = True
+    client = TestClient(create_app(engine))
+    assert client.post("/tokenize", json={"inputs": "a cat"}).status_code == 200
+    with contextlib.ExitStack() as stack:
+        for _ in range(2):
+            stack.enter_context(engine.admitted())
+        r = client.post("/tokenize", json={"inputs": "a cat"})
+        assert r.status_code == 429 and r.json()["error_type"] == "overloaded"
+    assert client.post("/tokenize", json={"inputs": "a cat"}).status_code == 200

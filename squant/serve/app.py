@@ -299,7 +299,14 @@ def create_app(engine: Engine, model_name: str = "squant", grace_s: float = 30.0
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> list[list[int]]:
-        encoded = await asyncio.to_thread(engine.tokenize, _texts(body.inputs), True)
+        texts = _texts(body.inputs)
+        # tokenizing is work too (a 2 MB body took seconds): admitted like inference, so a
+        # flood of /tokenize is refused with 429 instead of piling up on the threads
+        try:
+            with engine.admitted():
+                encoded = await asyncio.to_thread(engine.tokenize, texts, True)
+        except OverloadedError as e:
+            raise ApiError(429, str(e), "overloaded", {"Retry-After": e.retry_after}) from None
         return [ids for ids, _ in encoded]
 
     @app.get("/health")
