@@ -86,11 +86,29 @@ def save(
             tokenizer.save_pretrained(str(tmp))
         if st is not None:
             sentence_transformer.save_files(st, tmp)
+            _write_model_card(tmp, meta)
         for name, text in (extra_files or {}).items():
             if Path(name).name != name or name.startswith("."):
                 raise SquantError(f"extra file name {name!r} must be a plain file name")
             (tmp / name).write_text(text, encoding="utf-8")
     return Path(directory)
+
+
+def _write_model_card(directory: Path, meta: dict[str, Any]) -> None:
+    """README.md that says what the directory is (squant INT8, how to load it) before the
+    original model card: sentence-transformers alone cannot read the INT8 weights."""
+    config = meta["quantization"].get("config", {})
+    card = directory / "README.md"
+    original = card.read_text(encoding="utf-8") if card.is_file() else ""
+    head = (
+        "# SmoothQuant INT8 model written by squant\n\n"
+        f"The weights here are squant {meta['squant_version']} INT8 "
+        f"({config.get('mode', '?')} activations) of a {meta['model_class']}. "
+        "Load with `squant.load(directory)` (it returns a SentenceTransformer); plain "
+        "`SentenceTransformer(directory)` cannot read these weights.\n\n"
+    )
+    body = "## Original model card\n\n" + original if original.strip() else ""
+    card.write_text(head + body, encoding="utf-8")
 
 
 def read_meta(directory: str | Path) -> dict[str, Any]:

@@ -62,6 +62,9 @@ def test_save_and_load_give_the_same_sentence_transformer(st_dir, tmp_path):
     names = {p.name for p in out.iterdir()}
     assert {"modules.json", "1_Pooling", "squant.json", "model.safetensors"} <= names
     assert "config.json" not in names  # so a plain float load cannot pick up INT8 tensors
+    card = (out / "README.md").read_text()  # the model card says what the directory holds
+    assert card.startswith("# SmoothQuant INT8 model written by squant")
+    assert "squant.load(directory)" in card and "(static activations)" in card
     back = squant.load(out)
     assert isinstance(back, st_lib.SentenceTransformer)
     torch.testing.assert_close(
