@@ -19,6 +19,7 @@ a few hundred KB in a temporary directory) and then puts the INT8 model in its p
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import tempfile
@@ -69,6 +70,9 @@ def with_inner(st: Any, model: nn.Module) -> Any:
     return copy.deepcopy(st, memo)
 
 
+MIN_ST_MAJOR = 6
+
+
 def _require() -> Any:
     try:
         import sentence_transformers
@@ -76,6 +80,14 @@ def _require() -> Any:
         raise SquantError(
             "this is a sentence-transformers model: pip install 'squant[st]' to load it"
         ) from None
+    version = str(getattr(sentence_transformers, "__version__", "0"))
+    if int(version.split(".")[0] or 0) < MIN_ST_MAJOR:
+        # 5.x imports custom modules a local modules.json names without asking: loading a
+        # crafted directory would run its code. 6.x refuses them unless trust_remote_code.
+        raise SquantError(
+            f"sentence-transformers {version} runs code named in a directory's modules.json; "
+            f"squant needs >= {MIN_ST_MAJOR}.0: pip install 'sentence-transformers>={MIN_ST_MAJOR}'"
+        )
     return sentence_transformers
 
 
@@ -124,10 +136,9 @@ def _stand_in(config: Any) -> Any:
 def load_float(directory: str | Path) -> Any | None:
     """The float SentenceTransformer in a local directory; None when sentence-transformers is
     not installed (the caller then works on the Hugging Face model alone and says so)."""
-    try:
-        import sentence_transformers
-    except ImportError:
+    if importlib.util.find_spec("sentence_transformers") is None:
         return None
+    sentence_transformers = _require()  # installed: its version is checked
     _transformer_place(Path(directory))
     try:
         return sentence_transformers.SentenceTransformer(

@@ -189,3 +189,11 @@ def test_a_quantized_directory_keeps_the_max_seq_length_of_a_legacy_one(
     assert squant.load(out).max_seq_length == 40
     config = ServeConfig(instances=1, cores_per_instance=1, runtime="eager")
     assert engine_for(out, config).max_length == 40
+
+
+def test_a_sentence_transformers_that_runs_directory_code_is_refused(monkeypatch):
+    from squant import sentence_transformer
+
+    monkeypatch.setattr(st_lib, "__version__", "5.7.0")
+    with pytest.raises(squant.SquantError, match=r"needs >= 6\.0"):
+        sentence_transformer._require()
