@@ -68,11 +68,11 @@ class CompileConfig:
     min_cosine: float = 0.999
     kernel_profile: bool = False  # name inductor's kernels in profiler traces (hotspots)
     # inductor's C++ wrapper: the generated code calls the kernels from C++ (no Python
-    # between them). Static distilbert bs1 seq256 on 2 AVX2 cores, three interleaved runs
-    # (benchmarks/cpp_wrapper.py): median 4-8% lower (119.2 vs 124.3 ms in the last), builds
-    # ~5 s longer; whether two threads on one model scale better was inconclusive on this
-    # shared host (2-vs-1-thread rate 1.15-2.06x with it, 1.42-1.86x without). Opt-in.
-    cpp_wrapper: bool = False
+    # between them, and the call releases the GIL). Real all-MiniLM-L6-v2, bs 1 x 128, 2 AVX2
+    # threads, 10 interleaved rounds beside the Python wrapper (benchmarks/speed.py,
+    # squant-*-cpp-wrapper variants): median 4.6% faster static, 2.5% faster dynamic, 8 of 10
+    # rounds in favour of each; it builds a few seconds longer. On by default.
+    cpp_wrapper: bool = True
 
     def __post_init__(self) -> None:
         choices = {
