@@ -817,3 +817,53 @@ def test_tokenize_is_admitted_like_inference(tokenizer):
         r = client.post("/tokenize", json={"inputs": "a cat"})
         assert r.status_code == 429 and r.json()["error_type"] == "overloaded"
     assert client.post("/tokenize", json={"inputs": "a cat"}).status_code == 200
+
+
+def test_tei_root_route_and_openai_model_list(embedder, classifier):
+    _, client = embedder
+    root = client.post("/", json={"inputs": ["a dog", "the cat"]})
+    assert root.status_code == 200
+    assert root.json() == client.post("/embed", json={"inputs": ["a dog", "the cat"]}).json()
+    assert client.post("/", json={"inputs": 5}).status_code == 422
+    assert (
+        client.post("/", content=b"{bad", headers={"content-type": "application/json"}).status_code
+        == 422
+    )
+    assert client.post("/", json={"inputs": []}).json()["error_type"] == "empty"
+    models = client.get("/v1/models").json()
+    assert models["object"] == "list" and models["data"][0]["id"] == "tiny"
+    _, cls_client = classifier
+    pair = {"inputs": ["the cat sat", "a cat is sitting"]}
+    assert cls_client.post("/", json=pair).json() == cls_client.post("/predict", json=pair).json()
+
+
+def test_huggingface_hub_inference_client_with_its_defaults(embedder, monkeypatch):
+    """huggingface_hub's InferenceClient(base_url).feature_extraction POSTs to "/" (TEI)."""
+    import socket
+    import time
+
+    hub = pytest.importorskip("huggingface_hub")
+    import uvicorn
+
+    # either variable puts huggingface_hub offline, and it then refuses even loopback URLs
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    _, client = embedder
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(
+        uvicorn.Config(client.app, host="127.0.0.1", port=port, log_level="error", lifespan="off")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.time() + 10
+        while not server.started and time.time() < deadline:
+            time.sleep(0.05)
+        got = hub.InferenceClient(base_url=f"http://127.0.0.1:{port}").feature_extraction("a dog")
+        want = client.post("/embed", json={"inputs": "a dog"}).json()
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)
+    finally:
+        server.should_exit = True
+        thread.join(5)

@@ -6,6 +6,9 @@
     POST /predict          {"inputs": str | [str, str] | [str | [str, str]]}
                            -> [[{"label", "score"}]] per input, best first (TEI)
     POST /tokenize         {"inputs": str | [str]} -> [[int]]
+    POST /                 TEI's root: /embed's body and answer for a base model, /predict's
+                           for a classifier (huggingface_hub's InferenceClient posts here)
+    GET  /v1/models        OpenAI's model list (the one model served)
     GET  /health  /ready  /info  /metrics (Prometheus)
 
 Errors are JSON {"error", "error_type"}: 400 empty input or a body that is not UTF-8, 404
@@ -32,7 +35,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..data import Text
@@ -44,7 +47,7 @@ from .front_door import FrontDoor
 
 MAX_BODY_BYTES = 2 * 2**20
 # the routes that queue inference work: refused at the front door while overloaded
-INFERENCE_ROUTES = frozenset({"/embed", "/v1/embeddings", "/predict"})
+INFERENCE_ROUTES = frozenset({"/", "/embed", "/v1/embeddings", "/predict"})
 # requests this short are tokenized on the event loop (~35-60 us a sentence): handing them to
 # a tokenizer thread cost more in thread wake-ups on the core the model shares. Longer ones
 # go to the threads, so one big request cannot stall the loop for others.
@@ -296,6 +299,32 @@ def create_app(engine: Engine, model_name: str = "squant", grace_s: float = 30.0
             order = np.argsort(-probs, kind="stable").tolist()
             out.append([{"label": labels.get(i, str(i)), "score": float(probs[i])} for i in order])
         return out
+
+    @app.post("/")
+    async def root(request: Request) -> Any:
+        """TEI's root route (what huggingface_hub's InferenceClient posts to): /embed's body
+        and answer for a base model, /predict's for a classifier."""
+        try:
+            payload = await request.json()
+        except UnicodeDecodeError:
+            raise ApiError(400, "body is not UTF-8", "bad_request") from None
+        except ValueError:
+            raise ApiError(422, "body is not valid JSON", "validation") from None
+        try:
+            if engine.task == "embed":
+                body = EmbedRequest.model_validate(payload)
+                return await _embed(body.inputs, body.normalize, body.truncate)
+            return await predict(PredictRequest.model_validate(payload))
+        except ValidationError as e:
+            raise RequestValidationError(e.errors()) from None
+
+    @app.get("/v1/models")
+    def models() -> dict[str, Any]:
+        """OpenAI's model list: the one model this server runs."""
+        return {
+            "object": "list",
+            "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "squant"}],
+        }
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> list[list[int]]:
