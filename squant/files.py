@@ -124,10 +124,17 @@ def check_output_dir(
                 "did not write); "
                 "pass --overwrite (overwrite=True) to replace it, or choose an empty directory"
             )
+    _writable_parent(resolved, str(path), "")
+    return resolved
+
+
+def _writable_parent(resolved: Path, shown: str, what: str) -> None:
+    """Create `resolved`'s parent, or refuse: a file on its way, or no permission to write."""
+    label = f"{what} {shown}" if what else shown
     parent = resolved.parent
     blocker = next((a for a in (parent, *parent.parents) if a.exists()), None)
     if blocker is not None and not blocker.is_dir():
-        raise SquantError(f"cannot write {path}: {blocker} is a file, not a directory")
+        raise SquantError(f"cannot write {label}: {blocker} is a file, not a directory")
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -135,8 +142,8 @@ def check_output_dir(
     if not parent.is_dir():
         raise SquantError(f"cannot write into {parent}: not a directory")
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise SquantError(f"cannot write into {parent}: permission denied")
-    return resolved
+        into = f"{what} into" if what else "into"
+        raise SquantError(f"cannot write {into} {parent}: permission denied")
 
 
 @contextlib.contextmanager
@@ -192,16 +199,7 @@ def check_output_file(
             raise SquantError(f"{what} {path} is inside the input {p}; choose another path")
     if resolved.is_dir():
         raise SquantError(f"{what} {path} is a directory; give a file name")
-    parent = resolved.parent
-    blocker = next((a for a in (parent, *parent.parents) if a.exists()), None)
-    if blocker is not None and not blocker.is_dir():
-        raise SquantError(f"cannot write {what} {path}: {blocker} is a file, not a directory")
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise SquantError(f"cannot create {parent}: {e.strerror or e}") from None
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise SquantError(f"cannot write {what} into {parent}: permission denied")
+    _writable_parent(resolved, str(path), what)
     if resolved.exists() and not os.access(resolved, os.W_OK):
         raise SquantError(f"cannot write {what} {path}: permission denied")
     return resolved
