@@ -73,11 +73,18 @@ class FusedSelfAttention(nn.Module):
             if kwargs.pop(name, None) is not None:
                 raise SquantError(f"squant's fused attention is encoder-only; got {name}")
         input_shape = hidden_states.shape[:-1]
+        implementation = hf_config(self)._attn_implementation
+        if implementation == SQUANT_INT8_ATTENTION and hidden_states.dim() == 3:
+            # straight from the Q|K|V GEMM's output to the attention-output GEMM's input
+            out = torch.ops.squant.int8_attention(
+                self.qkv(hidden_states), attention_mask, self.num_heads, self.scaling
+            )
+            if self.out_name is not None:
+                out = getattr(self, self.out_name)(out)
+            return out, None
         qkv = self.qkv(hidden_states).view(*input_shape, 3, self.num_heads, self.head_dim)
         q, k, v = (t.transpose(1, 2) for t in qkv.unbind(dim=-3))
-        attention = self._attention_functions.get_interface(
-            hf_config(self)._attn_implementation, self._eager_attention
-        )
+        attention = self._attention_functions.get_interface(implementation, self._eager_attention)
         out, weights = attention(
             self,
             q,
@@ -147,10 +154,72 @@ def squant_attention(
     return torch.matmul(probs, value).transpose(1, 2).contiguous(), None
 
 
-def register_squant_attention() -> None:
-    """Make `config._attn_implementation = "squant"` valid (idempotent)."""
+# ---------------------------------------------------------------------------------------------
+# "squant_int8" attention: squant's C++ kernel (kernels/int8_attention.cpp), Q·Kᵀ in int8 with
+# a scale per query and key row, softmax over the valid keys only, P·V in FP32. It reads the
+# fused Q|K|V output directly (FusedSelfAttention) and takes the 2D key-padding mask as is.
+SQUANT_INT8_ATTENTION = "squant_int8"
+
+
+def key_padding_mask(
+    batch_size: int,
+    q_length: int,
+    kv_length: int,
+    attention_mask: Tensor | None = None,
+    **_kwargs: Any,
+) -> Tensor | None:
+    """The 2D [B, kv] keep-mask itself (the int8 kernel skips padded keys)."""
+    if attention_mask is None:
+        return None
+    if attention_mask.dim() != 2:
+        raise SquantError("squant attention expects a 2D [batch, seq] attention mask")
+    return attention_mask[:, -kv_length:].bool()
+
+
+def squant_int8_attention(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **_kwargs: Any,
+) -> tuple[Tensor, None]:
+    """The int8 kernel for attention modules that hold separate q, k, v ([B, H, S, D]);
+    FusedSelfAttention calls the kernel on its Q|K|V output without this regrouping."""
+    b, h, s, d = query.shape
+    qkv = torch.stack([t.transpose(1, 2) for t in (query, key, value)], dim=2)
+    scale = d**-0.5 if scaling is None else scaling
+    out = torch.ops.squant.int8_attention(qkv.reshape(b, s, 3 * h * d), attention_mask, h, scale)
+    return out.view(b, s, h, d), None
+
+
+def use_attention_kind(model: nn.Module, kind: str) -> None:
+    """Make a model with FusedSelfAttention run its attention as `kind` says ("float": the
+    model's own; "int8": squant's kernel). The quantized model's setting, applied by quantize
+    and again by load."""
+    if kind == "int8":
+        register_squant_attention(int8=True)
+        hf_config(model)._attn_implementation = SQUANT_INT8_ATTENTION
+
+
+def uses_int8_attention(model: nn.Module) -> bool:
+    config = getattr(model, "config", None)
+    return getattr(config, "_attn_implementation", None) == SQUANT_INT8_ATTENTION
+
+
+def register_squant_attention(int8: bool = False) -> None:
+    """Make `config._attn_implementation = "squant"` valid, and "squant_int8" with int8=True
+    (which builds or loads squant's C++ kernels). Idempotent."""
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
     AttentionInterface.register(SQUANT_ATTENTION, squant_attention)
     ALL_MASK_ATTENTION_FUNCTIONS.register(SQUANT_ATTENTION, key_padding_bias)
+    if int8:
+        from . import kernels
+
+        kernels.load()
+        AttentionInterface.register(SQUANT_INT8_ATTENTION, squant_int8_attention)
+        ALL_MASK_ATTENTION_FUNCTIONS.register(SQUANT_INT8_ATTENTION, key_padding_mask)

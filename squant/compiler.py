@@ -31,6 +31,7 @@ from .attention import (
     FusedSelfAttention,
     key_padding_bias,
     register_squant_attention,
+    uses_int8_attention,
 )
 from .errors import SquantError
 from .hardware import cpu_features
@@ -355,6 +356,8 @@ def _prepare(
     attention: str = config.attention
     timings: dict[str, float] | None = None
     has_fused = any(isinstance(m, FusedSelfAttention) for m in work.modules())
+    if uses_int8_attention(work):
+        attention = "model"  # the quantized model's own choice, kept (see SmoothQuantConfig)
     if attention == "auto":
         if inputs is not None and has_fused:
             timings = choose_attention(work, inputs, dtype)

@@ -10,10 +10,12 @@ from .errors import SquantError
 
 Mode = Literal["static", "dynamic"]
 ActRange = Literal["minmax", "percentile"]
+AttentionKind = Literal["float", "int8"]
 
 MODES: tuple[str, ...] = ("static", "dynamic")
 SITE_KINDS: tuple[str, ...] = ("qkv", "attn_out", "ffn_in", "ffn_out")
 ACT_RANGES: tuple[str, ...] = ("minmax", "percentile")
+ATTENTION_KINDS: tuple[str, ...] = ("float", "int8")
 # a handful of channels carry BERT's outliers; more would turn the float side GEMM into real work
 MAX_OUTLIER_CHANNELS = 64
 
@@ -64,6 +66,10 @@ class SmoothQuantConfig:
         costs a little latency (benchmarks/outlier_cost.py).
     alpha_max: the largest alpha the "auto" search may pick. Above 0.5 the search fitted the
         calibration set's channel profile and lost worst-case accuracy on inputs unlike it.
+    attention: "float" keeps the attention itself (Q·Kᵀ, softmax, P·V) in floating point;
+        "int8" runs squant's C++ kernel: Q·Kᵀ in int8 with a scale per query and key row,
+        computed at run time, softmax and P·V in FP32, padded keys skipped (see
+        kernels/int8_attention.cpp). It is built on first use and needs a C++ compiler.
     """
 
     mode: Mode = "static"
@@ -76,6 +82,7 @@ class SmoothQuantConfig:
     outlier_channels: int = 4
     outlier_sites: tuple[str, ...] | None = None
     alpha_max: float = 0.5
+    attention: AttentionKind = "float"
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -100,6 +107,10 @@ class SmoothQuantConfig:
             raise SquantError(
                 f"outlier_channels must be in [0, {MAX_OUTLIER_CHANNELS}], "
                 f"got {self.outlier_channels}"
+            )
+        if self.attention not in ATTENTION_KINDS:
+            raise SquantError(
+                f"attention must be one of {ATTENTION_KINDS}, got {self.attention!r}"
             )
         if self.act_range not in ACT_RANGES:
             raise SquantError(f"act_range must be one of {ACT_RANGES}, got {self.act_range!r}")
@@ -136,6 +147,7 @@ class SmoothQuantConfig:
         unknown = set(d) - names
         if unknown:
             raise SquantError(f"unknown SmoothQuantConfig fields {sorted(unknown)}")
-        # saved before these fields existed: no float outlier channels, alpha searched to 1
-        # (and before per-mode defaults every saved config named its alpha and sites)
-        return cls(**{"outlier_channels": 0, "alpha_max": 1.0, **d})
+        # saved before these fields existed: no float outlier channels, alpha searched to 1,
+        # float attention (and before per-mode defaults every saved config named its alpha
+        # and sites)
+        return cls(**{"outlier_channels": 0, "alpha_max": 1.0, "attention": "float", **d})

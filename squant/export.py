@@ -34,7 +34,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .attention import SQUANT_ATTENTION, FusedSelfAttention, register_squant_attention
+from .attention import (
+    SQUANT_ATTENTION,
+    FusedSelfAttention,
+    register_squant_attention,
+    uses_int8_attention,
+)
 from .compiler import CompileConfig, FloatDtype, cast_float_parts
 from .errors import SquantError, first_line
 from .files import atomic_directory, read_json_record
@@ -143,7 +148,9 @@ def _export_into(
     work = copy.deepcopy(model).eval()
     if dtype != torch.float32:
         cast_float_parts(work, dtype)
-    if any(isinstance(m, FusedSelfAttention) for m in work.modules()):
+    if uses_int8_attention(work):
+        pass  # the package calls squant's kernel library, shipped beside it (below)
+    elif any(isinstance(m, FusedSelfAttention) for m in work.modules()):
         register_squant_attention()
         hf_config(work)._attn_implementation = SQUANT_ATTENTION
     make_prepack_traceable()

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from . import int8
-from .attention import FusedSelfAttention, fuse_qkv_linear
+from .attention import FusedSelfAttention, fuse_qkv_linear, use_attention_kind
 from .calibrate import Histogram, InputObservers, SiteStats, prepare_batches, run_batches
 from .config import SmoothQuantConfig
 from .errors import SquantError
@@ -360,6 +360,7 @@ def quantize(
             absorbs=absorbed,
             outliers=q.outliers,
         )
+    use_attention_kind(model, config.attention)
     cast(Any, model).squant_info = QuantizationRecord(
         config, modules, calibration_coverage(batches)
     )

@@ -30,6 +30,7 @@ import transformers
 from torch import nn
 
 from . import int8, sentence_transformer
+from .attention import use_attention_kind
 from .errors import SquantError, first_line
 from .files import atomic_directory, read_json_record
 from .mappings import SUPPORTED_CLASSES, hf_config, layout_for, linear_at
@@ -332,6 +333,7 @@ def load(directory: str | Path) -> Any:
     except (OSError, RuntimeError, safetensors.SafetensorError) as e:
         raise SquantError(f"cannot load {weights}: {first_line(e)}") from None
     _check_values(model, directory)
+    use_attention_kind(model, record.config.attention)
     cast(Any, model).squant_info = record
     if sentence_transformer.is_sentence_transformer_dir(directory):
         return sentence_transformer.load(directory, model.eval())

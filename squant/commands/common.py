@@ -8,7 +8,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from ..config import ACT_RANGES, MODES, SITE_KINDS, SmoothQuantConfig
+from ..config import ACT_RANGES, ATTENTION_KINDS, MODES, SITE_KINDS, SmoothQuantConfig
 
 CONFIG_HELP = {
     "mode": "static: per-tensor activation scales from calibration; dynamic: per-token at run time",
@@ -26,6 +26,8 @@ CONFIG_HELP = {
     "outlier_sites": "a GEMM kind that gets --outlier-channels (repeatable; 'none' = no site; "
     "default ffn_out for static, qkv, ffn_in and ffn_out for dynamic)",
     "alpha_max": "the largest alpha --alpha auto may choose",
+    "attention": "float: attention in floating point; int8: squant's C++ kernel (Q·Kᵀ in int8, "
+    "built once on first use, needs a C++ compiler)",
 }
 
 
@@ -80,7 +82,9 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
                 flag, action="append", default=None, choices=choices, help=CONFIG_HELP[field.name]
             )
             continue
-        choices = {"mode": MODES, "act_range": ACT_RANGES}.get(field.name)
+        choices = {"mode": MODES, "act_range": ACT_RANGES, "attention": ATTENTION_KINDS}.get(
+            field.name
+        )
         kind = FIELD_TYPES.get(field.name, str)
         parser.add_argument(
             flag, type=kind, default=default, choices=choices, help=CONFIG_HELP[field.name]

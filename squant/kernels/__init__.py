@@ -1,0 +1,144 @@
+"""squant's own CPU kernels (C++), built once per source and torch version, then cached.
+
+The library registers its ops with PyTorch's dispatcher under the ``squant`` namespace
+(``torch.ops.squant.int8_attention``), so eager code, torch.compile graphs and AOTInductor
+packages all call the same kernel. A package that uses it loads in a process without squant
+after ``torch.ops.load_library(<deploy dir>/<library>)``; squant.export puts the library there.
+
+The build needs a C++ compiler (g++ or clang++, as inductor does) and ninja (a dependency of
+squant, so installed with it). It takes ~30-60 s once; later processes load the cached
+library in milliseconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from ..errors import SquantError
+
+SOURCES = ("int8_attention.cpp",)
+LIBRARY_NAME = "squant_kernels"
+# -fno-math-errno: std::lrint becomes one instruction (the vector paths round the same way);
+# -fopenmp: at::parallel_for is a header template over OpenMP pragmas, serial without it
+CFLAGS = ("-O3", "-std=c++17", "-fno-math-errno", "-fopenmp")
+
+
+def cache_root() -> Path:
+    """Where built kernels live: $SQUANT_KERNEL_CACHE, else ~/.cache/squant/kernels."""
+    env = os.environ.get("SQUANT_KERNEL_CACHE")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "squant" / "kernels"
+
+
+def _source_paths() -> list[Path]:
+    here = Path(__file__).parent
+    return [here / name for name in SOURCES]
+
+
+def build_key() -> str:
+    """Hash of what the library depends on: its sources, torch's version and the C++ ABI."""
+    digest = hashlib.sha256()
+    for path in _source_paths():
+        digest.update(path.read_bytes())
+    digest.update(" ".join(CFLAGS).encode())
+    digest.update(torch.__version__.encode())
+    digest.update(str(torch._C._GLIBCXX_USE_CXX11_ABI).encode())
+    return digest.hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def _tools_on_path() -> Iterator[None]:
+    """ninja comes with squant into this interpreter's environment, whose bin directory is
+    not on PATH unless the environment was activated."""
+    old = os.environ.get("PATH", "")
+    os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), old])
+    try:
+        yield
+    finally:
+        os.environ["PATH"] = old
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CXX", ""), "c++", "g++", "clang++"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+@functools.cache
+def library_path() -> Path:
+    """Build (once per build_key) and load the kernel library; returns its path."""
+    return load_or_build(cache_root())
+
+
+def load_or_build(root: Path) -> Path:
+    """The library under root, built there first if it is not; loaded into this process."""
+    from torch.utils import cpp_extension
+
+    name = f"{LIBRARY_NAME}_{build_key()}"
+    directory = root / name
+    built = directory / f"{name}.so"
+    if built.is_file():
+        torch.ops.load_library(str(built))  # type: ignore[no-untyped-call]
+        return built
+    if _compiler() is None:
+        raise SquantError(
+            "squant's int8 attention kernel is built on first use and needs a C++ compiler "
+            "(g++ or clang++, e.g. `apt install g++`); none was found. Quantize with "
+            "attention='float' to run without it"
+        )
+    directory.mkdir(parents=True, exist_ok=True)
+    print(f"squant: building its C++ kernels once into {directory} (~30 s)", file=sys.stderr)
+    try:
+        with _tools_on_path():
+            cpp_extension.load(
+                name=name,
+                sources=[str(p) for p in _source_paths()],
+                extra_cflags=list(CFLAGS),
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(directory),
+                is_python_module=False,
+                verbose=False,
+            )
+    except (RuntimeError, OSError, ImportError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SquantError(f"building squant's C++ kernels in {directory} failed: {first}") from exc
+    return built
+
+
+@functools.cache
+def load() -> None:
+    """Make ``torch.ops.squant.*`` available in this process (building it if needed)."""
+    library_path()
+    _register_fake()
+
+
+def _register_fake() -> None:
+    # The output's shape for tracing (torch.compile, torch.export): [B, S, H·D] from
+    # [B, S, 3·H·D]. Written in Python so symbolic sizes work; not needed to run a package.
+    @torch.library.register_fake("squant::int8_attention")
+    def _(
+        qkv: torch.Tensor,
+        key_mask: torch.Tensor | None,
+        num_heads: int,
+        scaling: float,
+        isa: str = "auto",
+    ) -> torch.Tensor:
+        b, s, w = qkv.shape
+        return qkv.new_empty((b, s, w // 3))
+
+
+def supported_isas() -> tuple[str, ...]:
+    """The kernel paths this CPU can run, fastest first (the last is always "scalar")."""
+    load()
+    return tuple(torch.ops.squant.int8_attention_isas())

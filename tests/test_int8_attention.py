@@ -1,0 +1,159 @@
+"""squant's INT8 attention kernel: every ISA path this CPU runs against a float64 reference
+(masks, odd lengths, B > 1, head sizes that are not a multiple of the vector width), the paths
+against each other, and the kernel inside quantize, compile, save/load."""
+
+import pytest
+import torch
+
+import squant
+from squant import kernels
+from squant.attention import SQUANT_INT8_ATTENTION, uses_int8_attention
+from squant.compiler import CompileConfig
+from squant.errors import SquantError
+from squant.mappings import hf_config
+from tests.helpers import cosine, last_hidden, tiny_model, token_batches
+
+ALL_PATHS = ("avx512_vnni", "avx2", "scalar")
+
+
+def reference(qkv, mask, heads, scaling):
+    """softmax(q kᵀ · scaling, padded keys dropped) v in float64; [B, S, H·D]."""
+    b, s, w3 = qkv.shape
+    d = w3 // 3 // heads
+    q, k, v = (t.transpose(1, 2).double() for t in qkv.view(b, s, 3, heads, d).unbind(2))
+    scores = q @ k.transpose(-1, -2) * scaling
+    if mask is not None:
+        keep = mask.bool()
+        keep[~keep.any(dim=1)] = True  # a row with no valid key attends to all of them
+        scores = scores.masked_fill(~keep[:, None, None, :], float("-inf"))
+    return (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, s, -1).float()
+
+
+SHAPES = [  # batch, seq, heads, head_dim
+    (1, 128, 12, 32),  # MiniLM
+    (3, 37, 4, 64),  # odd length, BERT-base head size
+    (2, 5, 2, 10),  # head size no vector width divides
+    (2, 1, 3, 16),  # one token
+]
+
+
+@pytest.fixture(scope="module")
+def paths():
+    return kernels.supported_isas()
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_every_path_this_cpu_runs_matches_float(paths, shape):
+    b, s, h, d = shape
+    g = torch.Generator().manual_seed(sum(shape))
+    qkv = torch.randn(b, s, 3 * h * d, generator=g) * 2
+    mask = torch.ones(b, s, dtype=torch.long)
+    if b > 1:
+        mask[1, s // 2 + 1 :] = 0  # a padded row
+    ref = reference(qkv, mask, h, d**-0.5)
+    outs = {}
+    for isa in paths:
+        out = torch.ops.squant.int8_attention(qkv, mask, h, d**-0.5, isa)
+        # real tokens only: a padded query's output is never read
+        keep = mask.bool()
+        assert cosine(out[keep], ref[keep]) >= 0.9995, isa
+        outs[isa] = out
+    # the paths compute the same integer dot products: they differ by float rounding only
+    for isa, out in outs.items():
+        torch.testing.assert_close(out, outs["scalar"], atol=1e-4, rtol=1e-4, msg=isa)
+
+
+def test_paths_this_cpu_lacks_are_refused_by_name(paths):
+    from squant.hardware import cpu_features
+
+    qkv = torch.randn(1, 4, 3 * 2 * 8)
+    host = {"avx512_vnni": cpu_features().has("avx512_vnni"), "avx2": cpu_features().has("avx2")}
+    for isa, present in host.items():
+        assert (isa in paths) == present
+        if not present:
+            with pytest.raises(RuntimeError, match="this CPU has no"):
+                torch.ops.squant.int8_attention(qkv, None, 2, 0.35, isa)
+    with pytest.raises(RuntimeError, match="unknown isa"):
+        torch.ops.squant.int8_attention(qkv, None, 2, 0.35, "sse9")
+
+
+def test_no_mask_masked_keys_and_a_row_without_keys(paths):
+    qkv = torch.randn(3, 9, 3 * 2 * 16)
+    mask = torch.tensor([[1] * 9, [1] * 4 + [0] * 5, [0] * 9])
+    for isa in paths:
+        out = torch.ops.squant.int8_attention(qkv, mask, 2, 0.25, isa)
+        ref = reference(qkv, mask, 2, 0.25)
+        assert cosine(out[:2, :4], ref[:2, :4]) >= 0.9995
+        assert cosine(out[2], ref[2]) >= 0.9995  # no valid key: uniform over all, like a softmax
+        full = torch.ops.squant.int8_attention(qkv, None, 2, 0.25, isa)
+        torch.testing.assert_close(full[0], out[0])
+        # padded keys are skipped: changing them changes nothing for row 1
+        changed = qkv.clone()
+        changed[1, 4:] = 100.0
+        again = torch.ops.squant.int8_attention(changed, mask, 2, 0.25, isa)
+        torch.testing.assert_close(again[1, :4], out[1, :4])
+
+
+def test_bf16_input_and_bad_arguments():
+    qkv = torch.randn(2, 6, 3 * 2 * 8)
+    out = torch.ops.squant.int8_attention(qkv.bfloat16(), None, 2, 0.35)
+    assert out.dtype == torch.bfloat16
+    assert cosine(out.float(), reference(qkv, None, 2, 0.35)) >= 0.99
+    with pytest.raises(RuntimeError, match="3 \\* heads"):
+        torch.ops.squant.int8_attention(qkv, None, 5, 0.35)
+    with pytest.raises(RuntimeError, match="key_mask"):
+        torch.ops.squant.int8_attention(qkv, torch.ones(2, 5), 2, 0.35)
+
+
+def test_a_missing_compiler_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(kernels, "_compiler", lambda: None)
+    with pytest.raises(SquantError, match="needs a C\\+\\+ compiler"):
+        kernels.load_or_build(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def bert_pair():
+    model = tiny_model("bert", outliers=True)
+    floating = squant.quantize(model, squant.SmoothQuantConfig(), token_batches(), progress=False)
+    config = squant.SmoothQuantConfig(attention="int8")
+    q = squant.quantize(model, config, token_batches(), progress=False)
+    return model, floating, q
+
+
+def test_quantized_model_runs_int8_attention_close_to_float_attention(bert_pair):
+    model, floating, q = bert_pair
+    assert uses_int8_attention(q) and not uses_int8_attention(floating)
+    inputs = token_batches(n=1, seed=4)[0]
+    with torch.no_grad():
+        ref, flo, out = (last_hidden(m, inputs) for m in (model, floating, q))
+    keep = inputs["attention_mask"].bool()
+    assert cosine(out[keep], flo[keep]) >= 0.999
+    assert cosine(out[keep], ref[keep]) >= 0.99
+
+
+def test_compiled_int8_attention_calls_the_kernel_and_matches_eager(bert_pair):
+    from torch._inductor.utils import run_and_get_code
+
+    _, _, q = bert_pair
+    inputs = token_batches(n=1, seed=5)[0]
+    compiled = squant.compile(q, CompileConfig(float_dtype="fp32", cpp_wrapper=False))
+    out, code = run_and_get_code(lambda: compiled(**inputs))
+    code = "\n".join(code)
+    assert code.count("torch.ops.squant.int8_attention.default(") == 2  # one per layer
+    assert "softmax" not in code.lower()  # no float attention left beside it
+    assert compiled.describe()["attention_used"] == SQUANT_INT8_ATTENTION
+    with torch.no_grad():
+        eager = last_hidden(q, inputs)
+    keep = inputs["attention_mask"].bool()
+    assert cosine(out.last_hidden_state[keep], eager[keep]) >= 0.9999
+
+
+def test_save_and_load_keep_int8_attention(bert_pair, tmp_path):
+    _, _, q = bert_pair
+    squant.save(q, tmp_path / "q")
+    loaded = squant.load(tmp_path / "q")
+    assert loaded.squant_info.config.attention == "int8"
+    assert hf_config(loaded)._attn_implementation == SQUANT_INT8_ATTENTION
+    inputs = token_batches(n=1, seed=6)[0]
+    with torch.no_grad():
+        torch.testing.assert_close(last_hidden(loaded, inputs), last_hidden(q, inputs))
