@@ -109,9 +109,7 @@ class SmoothQuantConfig:
                 f"got {self.outlier_channels}"
             )
         if self.attention not in ATTENTION_KINDS:
-            raise SquantError(
-                f"attention must be one of {ATTENTION_KINDS}, got {self.attention!r}"
-            )
+            raise SquantError(f"attention must be one of {ATTENTION_KINDS}, got {self.attention!r}")
         if self.act_range not in ACT_RANGES:
             raise SquantError(f"act_range must be one of {ACT_RANGES}, got {self.act_range!r}")
         if not 50.0 < float(self.percentile) <= 100.0:

@@ -15,6 +15,12 @@ of the archive (no absolute paths, no `..`, no links, one root folder: torch's l
 member names as given); and, at every call, the inputs' dtype, rank, batch, sequence length
 and token-id range (AOTInductor reads past its buffers on a wrong shape instead of failing).
 
+A model quantized with attention="int8" calls squant's kernel library (one .so), which export
+copies beside the package (manifest "kernel_library", with its SHA-256); without squant, load
+it first:
+
+    torch.ops.load_library("deploy/squant_kernels.so")
+
 A .pt2 holds compiled native code (a shared library that runs when loaded): like any .so,
 load only packages from a source you trust. The checks above catch accidents and tampering
 after export (the hash), not a malicious package built with a matching manifest.
@@ -178,6 +184,9 @@ def _export_into(
             package_path=str(directory / PACKAGE),
             inductor_configs={"freezing": True},
         )
+    kernel_library = None
+    if uses_int8_attention(work):
+        kernel_library = {"file": KERNEL_LIBRARY, "sha256": _ship_kernels(directory)}
     cpu = cpu_features()
     manifest = {
         "format": FORMAT,
@@ -200,11 +209,44 @@ def _export_into(
         "sha256": _sha256(directory / PACKAGE),
         "built_on": {"cpu": cpu.model_name, "isa": list(cpu.isa), "int8_path": cpu.int8_path},
         "requires_isa": [f for f in REQUIRED_ISA if cpu.has(f)],
+        "kernel_library": kernel_library,
     }
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2))
     hf_config(model).save_pretrained(str(directory))  # labels, sizes: what a server reads
     if tokenizer is not None:
         tokenizer.save_pretrained(str(directory))
+
+
+KERNEL_LIBRARY = "squant_kernels.so"
+
+
+def _ship_kernels(directory: Path) -> str:
+    """Copy squant's kernel library (already loaded: the model ran) into the deploy
+    directory; returns its SHA-256."""
+    import shutil
+
+    from . import kernels
+
+    shutil.copyfile(kernels.library_path(), directory / KERNEL_LIBRARY)
+    return _sha256(directory / KERNEL_LIBRARY)
+
+
+def _load_kernels(directory: Path, manifest: dict[str, Any]) -> None:
+    """Load the kernel library a package calls, after checking it is the exported one."""
+    entry = manifest.get("kernel_library")
+    if entry is None:
+        return
+    path = directory / KERNEL_LIBRARY
+    if not path.is_file():
+        raise SquantError(f"{directory}: the package needs {KERNEL_LIBRARY}, which is missing")
+    if _sha256(path) != entry["sha256"]:
+        raise SquantError(
+            f"{path} does not match the SHA-256 in the manifest: it changed after export; "
+            "export the model again"
+        )
+    from . import kernels
+
+    kernels.load_library(path)
 
 
 def _sha256(path: Path) -> str:
@@ -233,6 +275,7 @@ def load_exported(directory: str | Path, num_runners: int = 1) -> ExportedModel:
     manifest = read_manifest(manifest_path)
     check_host(manifest)
     check_package(directory / PACKAGE, manifest["sha256"])
+    _load_kernels(directory, manifest)
     from torch._inductor.package import load_package  # type: ignore[attr-defined]
 
     try:
@@ -290,6 +333,15 @@ def read_manifest(path: Path) -> dict[str, Any]:
     sha = _typed(manifest, "sha256", str, path)
     if len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
         raise SquantError(f"{path}: sha256 is not a SHA-256 hex digest")
+    manifest.setdefault("kernel_library", None)  # before int8 attention: none
+    library = manifest["kernel_library"]
+    if library is not None and not (
+        isinstance(library, dict)
+        and library.get("file") == KERNEL_LIBRARY
+        and isinstance(library.get("sha256"), str)
+        and len(library["sha256"]) == 64
+    ):
+        raise SquantError(f"{path}: kernel_library must name {KERNEL_LIBRARY} with its SHA-256")
     manifest.setdefault("type_vocab_size", 2)  # version 2 did not record it
     _typed(manifest, "type_vocab_size", int, path)
     names = _typed(manifest, "inputs", list, path)

@@ -2,6 +2,8 @@
 (masks, odd lengths, B > 1, head sizes that are not a multiple of the vector width), the paths
 against each other, and the kernel inside quantize, compile, save/load."""
 
+import json
+
 import pytest
 import torch
 
@@ -157,3 +159,44 @@ def test_save_and_load_keep_int8_attention(bert_pair, tmp_path):
     inputs = token_batches(n=1, seed=6)[0]
     with torch.no_grad():
         torch.testing.assert_close(last_hidden(loaded, inputs), last_hidden(q, inputs))
+
+
+def test_pt2_with_int8_attention_ships_the_kernel_and_runs_without_squant(bert_pair, tmp_path):
+    import subprocess
+    import sys
+    import textwrap
+
+    from squant.export import KERNEL_LIBRARY, load_packaged
+
+    _, _, q = bert_pair
+    inputs = token_batches(n=1, seed=3)[0]
+    deploy = tmp_path / "deploy"
+    squant.export(q, deploy, inputs, config=squant.ExportConfig(float_dtype="fp32"))
+    manifest = json.loads((deploy / "manifest.json").read_text())
+    assert manifest["kernel_library"]["file"] == KERNEL_LIBRARY
+    assert (deploy / KERNEL_LIBRARY).is_file()
+    with torch.no_grad():
+        expected = last_hidden(q, inputs)
+    keep = inputs["attention_mask"].bool()
+    got = load_packaged(deploy)(**inputs).last_hidden_state
+    assert cosine(got[keep], expected[keep]) >= 0.9999
+
+    torch.save(dict(inputs), tmp_path / "inputs.pt")
+    script = textwrap.dedent(
+        f"""
+        import sys, torch
+        torch.ops.load_library({str(deploy / KERNEL_LIBRARY)!r})
+        runner = torch._inductor.aoti_load_package({str(deploy / "model.pt2")!r})
+        x = torch.load({str(tmp_path / "inputs.pt")!r})
+        out = runner(x["input_ids"], x["attention_mask"], torch.zeros_like(x["input_ids"]))
+        torch.save(out[0], {str(tmp_path / "out.pt")!r})
+        assert "squant" not in sys.modules and "transformers" not in sys.modules
+        """
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=300)
+    fresh = torch.load(tmp_path / "out.pt")
+    assert cosine(fresh[keep], expected[keep]) >= 0.9999
+
+    (deploy / KERNEL_LIBRARY).write_bytes(b"not the exported library")
+    with pytest.raises(SquantError, match="changed after export"):
+        load_packaged(deploy)

@@ -81,6 +81,22 @@ def library_path() -> Path:
     return load_or_build(cache_root())
 
 
+def registered() -> bool:
+    """Whether a squant kernel library is loaded in this process already."""
+    try:
+        torch._C._dispatch_find_schema_or_throw("squant::int8_attention", "")
+    except RuntimeError:
+        return False
+    return True
+
+
+def load_library(path: Path) -> None:
+    """torch.ops.load_library, once per process: a second library registering the `squant`
+    namespace (the same kernels from a deploy directory, say) would abort the process."""
+    if not registered():
+        torch.ops.load_library(str(path))  # type: ignore[no-untyped-call]
+
+
 def load_or_build(root: Path) -> Path:
     """The library under root, built there first if it is not; loaded into this process."""
     from torch.utils import cpp_extension
@@ -89,7 +105,7 @@ def load_or_build(root: Path) -> Path:
     directory = root / name
     built = directory / f"{name}.so"
     if built.is_file():
-        torch.ops.load_library(str(built))  # type: ignore[no-untyped-call]
+        load_library(built)
         return built
     if _compiler() is None:
         raise SquantError(
