@@ -69,15 +69,15 @@ def squant_variant(name: str):
     return setup
 
 
-def squant_compiled_with(mode: str, **compile_options):
-    """squant's INT8 model compiled with CompileConfig options other than the defaults (what a
+def squant_compiled_with(mode: str, quantize_options=None, **compile_options):
+    """squant's INT8 model quantized and compiled with options other than the defaults (what a
     default would change, measured beside the default itself)."""
 
     def setup(model, calibration, inputs):
         import squant
         from squant.compiler import CompileConfig
 
-        config = squant.SmoothQuantConfig(mode=mode)
+        config = squant.SmoothQuantConfig(mode=mode, **(quantize_options or {}))
         q = squant.quantize(model, config, calibration, progress=False)
         compiled = squant.compile(q, CompileConfig(**compile_options), example_inputs=inputs)
         return lambda x: first_tensor(compiled(**x))
@@ -97,6 +97,8 @@ VARIANTS = {
     "squant-static-pt2": squant_variant("static-pt2"),
     "squant-static-cpp-wrapper": squant_compiled_with("static", cpp_wrapper=True),
     "squant-dynamic-cpp-wrapper": squant_compiled_with("dynamic", cpp_wrapper=True),
+    "squant-static-int8-attention": squant_compiled_with("static", {"attention": "int8"}),
+    "squant-dynamic-int8-attention": squant_compiled_with("dynamic", {"attention": "int8"}),
     "openvino-int8": openvino_nncf.setup,
     "openvino-int8-f32": lambda m, c, i: openvino_nncf.setup(m, c, i, precision="f32"),
     "openvino-int8-throughput": lambda m, c, i: openvino_nncf.setup(m, c, i, throughput=True),
@@ -104,6 +106,7 @@ VARIANTS = {
 }
 INT8 = {"torchao-sq-static", "pt2e-static", "squant-static", "squant-dynamic", "squant-static-pt2"}
 INT8 |= {"squant-static-cpp-wrapper", "squant-dynamic-cpp-wrapper"}
+INT8 |= {"squant-static-int8-attention", "squant-dynamic-int8-attention"}
 INT8 |= {"openvino-int8", "openvino-int8-f32", "openvino-int8-throughput", "ort-int8-dynamic"}
 DEFAULT_VARIANTS = "fp32-compiled-frozen,squant-static,squant-dynamic,openvino-int8"
 
