@@ -1,4 +1,4 @@
-"""Static INT8 on inputs unlike the calibration set (issue: static that holds on every input).
+"""INT8 on inputs unlike the calibration set: does each configuration hold on every input?
 
 Real all-MiniLM-L6-v2, calibrated on ordinary SNLI sentences; per input, the cosine of the
 mean-pooled embedding vs FP32, and (--diagnose) each int8 linear's output error on that input,
@@ -115,20 +115,20 @@ def main() -> None:
     record: dict = {"calib_sentences": len(sents), "results": {}}
     every_site = ("qkv", "attn_out", "ffn_in", "ffn_out")
     variants = {
-        # before issue 12: every GEMM static, calibrated on the sentences alone
+        # every GEMM static, calibrated on the sentences alone
         "static, all static, sentences only": (
             squant.SmoothQuantConfig(
                 mode="static", dynamic_sites=(), outlier_channels=0, alpha_max=1.0
             ),
             plain,
         ),
-        # squant 0.x stop 11: coverage calibration + per-token attn_out/FFN-out
+        # coverage calibration + per-token attn_out/FFN-out, no outlier channels
         "static, no outlier channels, alpha<=1": (
             squant.SmoothQuantConfig(mode="static", outlier_channels=0, alpha_max=1.0),
             covered,
         ),
         "static (defaults)": (squant.SmoothQuantConfig(mode="static"), covered),
-        # dynamic before issue 12, then with static's alpha search and site (stop 12)
+        # dynamic without outlier channels, then with them at FFN-out only
         "dynamic, no outlier channels, alpha<=1": (
             squant.SmoothQuantConfig(
                 mode="dynamic", alpha="auto", outlier_channels=0, alpha_max=1.0
@@ -139,7 +139,15 @@ def main() -> None:
             squant.SmoothQuantConfig(mode="dynamic", alpha="auto", outlier_sites=("ffn_out",)),
             covered,
         ),
+        "static, int8 attention": (
+            squant.SmoothQuantConfig(mode="static", attention="int8"),
+            covered,
+        ),
         "dynamic (defaults)": (squant.SmoothQuantConfig(mode="dynamic"), covered),
+        "dynamic, int8 attention": (
+            squant.SmoothQuantConfig(mode="dynamic", attention="int8"),
+            covered,
+        ),
         "dynamic, outliers at every site, alpha 0": (
             squant.SmoothQuantConfig(mode="dynamic", outlier_sites=every_site, alpha=0.0),
             covered,
