@@ -51,6 +51,15 @@ from squant.variants import BuildContext, build
 REPO = Path(__file__).resolve().parent.parent
 
 
+def compiled_note(model) -> str | None:
+    """What a compiled squant model chose: its float parts' dtype and its attention."""
+    describe = getattr(model, "describe", None)
+    if describe is None:
+        return None
+    d = describe()
+    return f"float {d['resolved_float_dtype'].removeprefix('torch.')}, attn {d['attention_used']}"
+
+
 def squant_variant(name: str):
     """A variant from squant's registry (squant/variants.py), as deployed."""
 
@@ -58,12 +67,7 @@ def squant_variant(name: str):
         context = BuildContext(calibration, example_inputs=inputs, progress=False)
         built = build(name, model, context)
         run = lambda x: first_tensor(built(**x))  # noqa: E731
-        inner = getattr(built, "model", None)
-        describe = getattr(inner, "describe", None)
-        if describe is not None:
-            d = describe()
-            dtype = d["resolved_float_dtype"].removeprefix("torch.")
-            run.note = f"float {dtype}, attn {d['attention_used']}"  # type: ignore[attr-defined]
+        run.note = compiled_note(getattr(built, "model", None))  # type: ignore[attr-defined]
         return run
 
     return setup
@@ -80,7 +84,9 @@ def squant_compiled_with(mode: str, quantize_options=None, **compile_options):
         config = squant.SmoothQuantConfig(mode=mode, **(quantize_options or {}))
         q = squant.quantize(model, config, calibration, progress=False)
         compiled = squant.compile(q, CompileConfig(**compile_options), example_inputs=inputs)
-        return lambda x: first_tensor(compiled(**x))
+        run = lambda x: first_tensor(compiled(**x))  # noqa: E731
+        run.note = compiled_note(compiled)  # type: ignore[attr-defined]
+        return run
 
     return setup
 
@@ -97,8 +103,8 @@ VARIANTS = {
     "squant-static-pt2": squant_variant("static-pt2"),
     "squant-static-cpp-wrapper": squant_compiled_with("static", cpp_wrapper=True),
     "squant-dynamic-cpp-wrapper": squant_compiled_with("dynamic", cpp_wrapper=True),
-    "squant-static-int8-attention": squant_compiled_with("static", {"attention": "int8"}),
-    "squant-dynamic-int8-attention": squant_compiled_with("dynamic", {"attention": "int8"}),
+    "squant-static-float-attention": squant_compiled_with("static", {"attention": "float"}),
+    "squant-dynamic-float-attention": squant_compiled_with("dynamic", {"attention": "float"}),
     "openvino-int8": openvino_nncf.setup,
     "openvino-int8-f32": lambda m, c, i: openvino_nncf.setup(m, c, i, precision="f32"),
     "openvino-int8-throughput": lambda m, c, i: openvino_nncf.setup(m, c, i, throughput=True),
@@ -106,7 +112,7 @@ VARIANTS = {
 }
 INT8 = {"torchao-sq-static", "pt2e-static", "squant-static", "squant-dynamic", "squant-static-pt2"}
 INT8 |= {"squant-static-cpp-wrapper", "squant-dynamic-cpp-wrapper"}
-INT8 |= {"squant-static-int8-attention", "squant-dynamic-int8-attention"}
+INT8 |= {"squant-static-float-attention", "squant-dynamic-float-attention"}
 INT8 |= {"openvino-int8", "openvino-int8-f32", "openvino-int8-throughput", "ort-int8-dynamic"}
 DEFAULT_VARIANTS = "fp32-compiled-frozen,squant-static,squant-dynamic,openvino-int8"
 

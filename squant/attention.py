@@ -8,6 +8,7 @@ The attention itself is the model's own (``config._attn_implementation``: sdpa, 
 from __future__ import annotations
 
 import sys
+import warnings
 from typing import Any, cast
 
 import torch
@@ -193,6 +194,24 @@ def squant_int8_attention(
     scale = d**-0.5 if scaling is None else scaling
     out = torch.ops.squant.int8_attention(qkv.reshape(b, s, 3 * h * d), attention_mask, h, scale)
     return out.view(b, s, h, d), None
+
+
+def resolve_attention_kind(kind: str) -> str:
+    """ "auto" -> "int8" where squant's kernel library loads (building it on first use), else
+    "float" with a warning saying why; "float" and "int8" as given."""
+    if kind != "auto":
+        return kind
+    from . import kernels
+
+    try:
+        kernels.load()
+    except SquantError as exc:
+        warnings.warn(
+            f"squant: int8 attention is unavailable ({exc}); the attention stays in float",
+            stacklevel=3,
+        )
+        return "float"
+    return "int8"
 
 
 def use_attention_kind(model: nn.Module, kind: str) -> None:

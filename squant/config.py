@@ -10,12 +10,12 @@ from .errors import SquantError
 
 Mode = Literal["static", "dynamic"]
 ActRange = Literal["minmax", "percentile"]
-AttentionKind = Literal["float", "int8"]
+AttentionKind = Literal["auto", "float", "int8"]
 
 MODES: tuple[str, ...] = ("static", "dynamic")
 SITE_KINDS: tuple[str, ...] = ("qkv", "attn_out", "ffn_in", "ffn_out")
 ACT_RANGES: tuple[str, ...] = ("minmax", "percentile")
-ATTENTION_KINDS: tuple[str, ...] = ("float", "int8")
+ATTENTION_KINDS: tuple[str, ...] = ("auto", "float", "int8")
 # a handful of channels carry BERT's outliers; more would turn the float side GEMM into real work
 MAX_OUTLIER_CHANNELS = 64
 
@@ -66,10 +66,12 @@ class SmoothQuantConfig:
         costs a little latency (benchmarks/outlier_cost.py).
     alpha_max: the largest alpha the "auto" search may pick. Above 0.5 the search fitted the
         calibration set's channel profile and lost worst-case accuracy on inputs unlike it.
-    attention: "float" keeps the attention itself (Q·Kᵀ, softmax, P·V) in floating point;
-        "int8" runs squant's C++ kernel: Q·Kᵀ in int8 with a scale per query and key row,
+    attention: "int8" runs squant's C++ kernel: Q·Kᵀ in int8 with a scale per query and key row,
         computed at run time, softmax and P·V in FP32, padded keys skipped (see
-        kernels/int8_attention.cpp). It is built on first use and needs a C++ compiler.
+        kernels/int8_attention.cpp); built once on first use, it needs a C++ compiler.
+        "float" keeps the attention (Q·Kᵀ, softmax, P·V) in floating point. "auto" (default):
+        int8 where the kernel builds, float with a warning where it cannot; quantize records
+        which one ran, so a saved model states it.
     """
 
     mode: Mode = "static"
@@ -82,7 +84,7 @@ class SmoothQuantConfig:
     outlier_channels: int = 4
     outlier_sites: tuple[str, ...] | None = None
     alpha_max: float = 0.5
-    attention: AttentionKind = "float"
+    attention: AttentionKind = "auto"
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

@@ -9,13 +9,15 @@ Per encoder layer (post-LayerNorm), with s from smoothing_factors():
            attention output is linear in V's channels; no run-time cost.
   ffn_in   input = LayerNorm output: x/s at run time.
   ffn_out  input = GELU output: x/s at run time.
-Left in floating point: embeddings, LayerNorms, the attention matmuls and softmax, the pooler
-and task heads (one row per sequence: int8 saves nothing there and costs accuracy).
+The attention's Q·Kᵀ runs in int8 in squant's kernel (SmoothQuantConfig.attention), with
+softmax and P·V in FP32. Left in floating point: embeddings, LayerNorms, the pooler and task
+heads (one row per sequence: int8 saves nothing there and costs accuracy).
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import fnmatch
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -26,7 +28,12 @@ import torch
 from torch import Tensor, nn
 
 from . import int8
-from .attention import FusedSelfAttention, fuse_qkv_linear, use_attention_kind
+from .attention import (
+    FusedSelfAttention,
+    fuse_qkv_linear,
+    resolve_attention_kind,
+    use_attention_kind,
+)
 from .calibrate import Histogram, InputObservers, SiteStats, prepare_batches, run_batches
 from .config import SmoothQuantConfig
 from .errors import SquantError
@@ -360,6 +367,8 @@ def quantize(
             absorbs=absorbed,
             outliers=q.outliers,
         )
+    # the record states the attention that runs ("auto" resolved), so a saved model keeps it
+    config = dataclasses.replace(config, attention=resolve_attention_kind(config.attention))
     use_attention_kind(model, config.attention)
     cast(Any, model).squant_info = QuantizationRecord(
         config, modules, calibration_coverage(batches)

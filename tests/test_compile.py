@@ -175,8 +175,11 @@ def test_compile_config_validation():
 
 
 def test_attention_is_chosen_by_measurement(bert_static):
+    """A model quantized with float attention: compile times squant's and sdpa's."""
     torch._dynamo.reset()
-    _, q = bert_static
+    model, _ = bert_static
+    config = squant.SmoothQuantConfig(mode="static", attention="float")
+    q = squant.quantize(model, config, token_batches(), progress=False)
     compiled = squant.compile(q, CompileConfig(attention="auto"), token_batches(n=1)[0])
     info = compiled.describe()
     assert set(info["selection"]["attention_ms"]) == {"squant", "sdpa"}

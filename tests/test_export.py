@@ -10,7 +10,7 @@ import torch
 
 import squant
 from squant.errors import SquantError
-from squant.export import MANIFEST, check_host
+from squant.export import KERNEL_LIBRARY, MANIFEST, check_host
 from tests.helpers import tiny_model, token_batches
 
 
@@ -36,6 +36,8 @@ def test_package_runs_in_a_fresh_process_without_squant(exported, tmp_path):
     script = textwrap.dedent(
         f"""
         import sys, torch
+        # the int8 attention kernel (the default) ships beside the package
+        torch.ops.load_library({str(directory / KERNEL_LIBRARY)!r})
         runner = torch._inductor.aoti_load_package({str(directory / "model.pt2")!r})
         x = torch.load({str(tmp_path / "inputs.pt")!r})
         out = runner(x["input_ids"], x["attention_mask"], torch.zeros_like(x["input_ids"]))

@@ -116,10 +116,33 @@ def test_a_missing_compiler_is_a_clear_error(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def bert_pair():
     model = tiny_model("bert", outliers=True)
-    floating = squant.quantize(model, squant.SmoothQuantConfig(), token_batches(), progress=False)
-    config = squant.SmoothQuantConfig(attention="int8")
-    q = squant.quantize(model, config, token_batches(), progress=False)
+    float_config = squant.SmoothQuantConfig(attention="float")
+    floating = squant.quantize(model, float_config, token_batches(), progress=False)
+    q = squant.quantize(model, squant.SmoothQuantConfig(), token_batches(), progress=False)
     return model, floating, q
+
+
+def test_int8_attention_is_the_default_and_the_record_states_it(bert_pair):
+    _, floating, q = bert_pair
+    assert squant.SmoothQuantConfig().attention == "auto"
+    assert q.squant_info.config.attention == "int8"  # "auto" resolved, as saved
+    assert floating.squant_info.config.attention == "float"
+
+
+def test_auto_attention_stays_float_with_a_warning_where_the_kernel_cannot_build(monkeypatch):
+    from squant.attention import resolve_attention_kind
+
+    def no_compiler() -> None:
+        raise SquantError("needs a C++ compiler (g++ or clang++); none was found")
+
+    monkeypatch.setattr(kernels, "load", no_compiler)
+    with pytest.warns(UserWarning, match="int8 attention is unavailable.*C\\+\\+ compiler"):
+        assert resolve_attention_kind("auto") == "float"
+    assert resolve_attention_kind("float") == "float"
+    model = tiny_model("bert")
+    with pytest.warns(UserWarning, match="int8 attention is unavailable"):
+        q = squant.quantize(model, squant.SmoothQuantConfig(), token_batches(), progress=False)
+    assert q.squant_info.config.attention == "float" and not uses_int8_attention(q)
 
 
 def test_quantized_model_runs_int8_attention_close_to_float_attention(bert_pair):

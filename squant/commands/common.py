@@ -26,8 +26,9 @@ CONFIG_HELP = {
     "outlier_sites": "a GEMM kind that gets --outlier-channels (repeatable; 'none' = no site; "
     "default ffn_out for static, qkv, ffn_in and ffn_out for dynamic)",
     "alpha_max": "the largest alpha --alpha auto may choose",
-    "attention": "float: attention in floating point; int8: squant's C++ kernel (Q·Kᵀ in int8, "
-    "built once on first use, needs a C++ compiler)",
+    "attention": "int8: squant's C++ attention kernel (Q·Kᵀ in int8; built once on first use, "
+    "needs a C++ compiler); float: attention in floating point; auto: int8 where the kernel "
+    "builds, else float with a warning",
 }
 
 
