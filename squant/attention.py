@@ -14,6 +14,7 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
+from .config import AttentionKind
 from .errors import SquantError
 from .mappings import hf_config
 
@@ -196,7 +197,7 @@ def squant_int8_attention(
     return out.view(b, s, h, d), None
 
 
-def resolve_attention_kind(kind: str) -> str:
+def resolve_attention_kind(kind: AttentionKind) -> AttentionKind:
     """ "auto" -> "int8" where squant's kernel library loads (building it on first use), else
     "float" with a warning saying why; "float" and "int8" as given."""
     if kind != "auto":
