@@ -867,3 +867,86 @@ def test_huggingface_hub_inference_client_with_its_defaults(embedder, monkeypatc
     finally:
         server.should_exit = True
         thread.join(5)
+
+
+@pytest.fixture(scope="module")
+def guarded(embedder):
+    """The embedder's engine behind an API key, a CORS allow-list and a served name."""
+    from squant.serve.app import HttpConfig
+
+    engine, _ = embedder
+    http = HttpConfig(
+        model_name="minilm-int8", api_key="s3cret", cors_origins=("https://app.example",)
+    )
+    return TestClient(create_app(engine, http=http))
+
+
+def test_an_api_key_guards_every_route_but_the_health_probes(guarded):
+    body = {"inputs": "a dog"}
+    for path, call in [
+        ("/embed", lambda h: guarded.post("/embed", json=body, headers=h)),
+        (
+            "/v1/embeddings",
+            lambda h: guarded.post("/v1/embeddings", json={"input": "a"}, headers=h),
+        ),
+        ("/tokenize", lambda h: guarded.post("/tokenize", json=body, headers=h)),
+        ("/info", lambda h: guarded.get("/info", headers=h)),
+        ("/metrics", lambda h: guarded.get("/metrics", headers=h)),
+    ]:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+            r = call(headers)
+            assert r.status_code == 401, (path, headers)
+            assert r.json()["error_type"] == "unauthorized"
+            assert r.headers["www-authenticate"] == "Bearer"
+        assert call({"Authorization": "Bearer s3cret"}).status_code == 200, path
+    assert guarded.get("/health").status_code == 200
+    assert guarded.get("/ready").status_code == 200
+    assert (
+        'status="401"' in guarded.get("/metrics", headers={"Authorization": "Bearer s3cret"}).text
+    )
+
+
+def test_the_openai_sdk_sends_the_api_key_the_server_asks_for(guarded):
+    openai = pytest.importorskip("openai")
+    sdk = openai.OpenAI(base_url="http://testserver/v1", api_key="s3cret", http_client=guarded)
+    got = sdk.embeddings.create(input=["a dog"], model="minilm-int8")
+    assert len(got.data[0].embedding) > 0
+    wrong = openai.OpenAI(base_url="http://testserver/v1", api_key="nope", http_client=guarded)
+    with pytest.raises(openai.AuthenticationError):
+        wrong.embeddings.create(input=["a dog"], model="minilm-int8")
+
+
+def test_cors_answers_allowed_origins_only(guarded):
+    preflight = {
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type",
+    }
+    ok = guarded.options("/embed", headers={"Origin": "https://app.example", **preflight})
+    assert ok.status_code == 200  # a preflight carries no credentials: answered before the key
+    assert ok.headers["access-control-allow-origin"] == "https://app.example"
+    other = guarded.options("/embed", headers={"Origin": "https://evil.example", **preflight})
+    assert "access-control-allow-origin" not in other.headers
+    r = guarded.post(
+        "/embed",
+        json={"inputs": "a"},
+        headers={"Origin": "https://app.example", "Authorization": "Bearer s3cret"},
+    )
+    assert r.status_code == 200
+    assert r.headers["access-control-allow-origin"] == "https://app.example"
+
+
+def test_the_served_model_name_is_what_info_and_the_model_list_report(guarded):
+    auth = {"Authorization": "Bearer s3cret"}
+    assert guarded.get("/info", headers=auth).json()["model"] == "minilm-int8"
+    assert guarded.get("/v1/models", headers=auth).json()["data"][0]["id"] == "minilm-int8"
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [({"model_name": " "}, "served model name is empty"), ({"api_key": ""}, "API key is empty")],
+)
+def test_empty_http_settings_are_refused(fields, message):
+    from squant.serve.app import HttpConfig
+
+    with pytest.raises(squant.SquantError, match=message):
+        HttpConfig(**fields)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -11,7 +12,10 @@ from ..serve.engine import SERVE_BATCH_TOKENS
 from .common import add_runtime_argument, positive_float, positive_int, ray_init
 
 if TYPE_CHECKING:
+    from ..serve.app import HttpConfig
     from ..serve.engine import Engine, ServeConfig
+
+API_KEY_ENV = "SQUANT_API_KEY"
 
 HELP = "serve a model over HTTP (TEI/OpenAI-compatible routes, dynamic batching)"
 
@@ -73,6 +77,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "share its GIL (~+300 MB for the second process). auto: on when the instances leave "
         "a core to the front end (served/bench 0.94x against 0.84x in one process), for "
         "directories from squant quantize/save and float checkpoints without --calib",
+    )
+    p.add_argument(
+        "--served-model-name",
+        default=None,
+        help="the model's name in /info and /v1/models (default: MODEL's directory name)",
+    )
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get(API_KEY_ENV),
+        help=f"require `Authorization: Bearer KEY` on every route but /health and /ready "
+        f"(default: ${API_KEY_ENV}; prefer the variable: a flag shows in the process list)",
+    )
+    p.add_argument(
+        "--cors-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="a browser origin allowed to call the API, e.g. https://app.example.com "
+        "(repeatable; '*' = any; default none)",
     )
     p.add_argument(
         "--access-log",
@@ -147,6 +170,16 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
     )
 
 
+def http_config(args: argparse.Namespace) -> HttpConfig:
+    from ..serve.app import HttpConfig
+
+    return HttpConfig(
+        model_name=args.served_model_name or Path(args.model).resolve().name,
+        api_key=args.api_key or None,
+        cors_origins=tuple(args.cors_origin),
+    )
+
+
 def wants_model_process(args: argparse.Namespace) -> bool:
     """--model-process: on/off as asked; auto: on where it pays and applies (a core left over
     for the front end; not a deploy directory, --calib, --watch-ranges or --ray)."""
@@ -181,9 +214,10 @@ def run(args: argparse.Namespace) -> None:
         raise SquantError(
             f"squant serve needs the serve extra: pip install 'squant[serve]' ({e})"
         ) from None
+    http = http_config(args)  # its errors before anything loads
     _check_port_free(args.host, args.port)  # before minutes of loading and warm-up
     if args.ray:
-        _run_ray(args)
+        _run_ray(args, http)
         return
     engine = build_engine(args)
     if engine.quantize_report is not None:
@@ -200,12 +234,12 @@ def run(args: argparse.Namespace) -> None:
         f"instances on cores {used} in {where}; HTTP and tokenization on "
         + (f"cores {list(spare)}" if spare else "the same cores (none left over)")
     )
-    app = create_app(engine, Path(args.model).name)
+    app = create_app(engine, http=http)
     freeze_startup_objects()
     uvicorn.run(app, host=args.host, port=args.port, access_log=args.access_log)
 
 
-def _run_ray(args: argparse.Namespace) -> None:
+def _run_ray(args: argparse.Namespace, http: HttpConfig) -> None:
     import os
 
     from ..serve.ray_app import application
@@ -221,6 +255,7 @@ def _run_ray(args: argparse.Namespace) -> None:
         args.pooling_from,
         args.calib,
         args.max_queued_requests,
+        http,
     )
     from ray import serve
 

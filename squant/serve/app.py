@@ -26,6 +26,7 @@ import contextlib
 import os
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -37,8 +38,10 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
 
 from ..data import Text
+from ..errors import SquantError
 from ..mappings import hf_config
 from ..record import record_of
 from .engine import Admission, DeadlineExceededError, Engine, OverloadedError
@@ -108,7 +111,39 @@ def _metrics(registry: CollectorRegistry) -> dict[str, Any]:
     }
 
 
-def create_app(engine: Engine, model_name: str = "squant", grace_s: float = 30.0) -> FastAPI:
+@dataclass(frozen=True)
+class HttpConfig:
+    """What the HTTP layer adds around the engine.
+
+    model_name: the name /info and /v1/models report (and clients may send as `model`).
+    api_key: when set, every route but /health and /ready needs `Authorization: Bearer KEY`.
+    cors_origins: browser origins allowed to call the API (CORS); none by default, and "*"
+        allows any (with an API key, the key is then what guards the API).
+    """
+
+    model_name: str = "squant"
+    api_key: str | None = None
+    cors_origins: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.model_name.strip():
+            raise SquantError("the served model name is empty")
+        if self.api_key is not None and not self.api_key.strip():
+            raise SquantError("the API key is empty (unset it to serve without one)")
+        object.__setattr__(self, "cors_origins", tuple(self.cors_origins))
+
+
+def create_app(
+    engine: Engine,
+    model_name: str = "squant",
+    grace_s: float = 30.0,
+    http: HttpConfig | None = None,
+) -> FastAPI:
+    """The FastAPI app over an engine; http (if given) names the model and sets the API key
+    and CORS origins, model_name otherwise."""
+    http = http or HttpConfig(model_name=model_name)
+    model_name = http.model_name
+
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         yield
@@ -159,7 +194,16 @@ def create_app(engine: Engine, model_name: str = "squant", grace_s: float = 30.0
         requests=m["requests"],
         seconds=m["total"],
         max_body_bytes=MAX_BODY_BYTES,
+        api_key=http.api_key,
     )
+    if http.cors_origins:
+        # outermost: a browser's preflight (OPTIONS, no credentials) is answered here
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(http.cors_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["authorization", "content-type"],
+        )
 
     def _checked(items: list[Text]) -> list[Text]:
         if not items:

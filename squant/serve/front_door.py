@@ -13,11 +13,16 @@ The body limit holds for every transfer encoding: a chunked body declares no len
 bytes are counted as the application reads them, and at the limit the front door answers
 413 itself (closing the connection) and tells the application the client left; nothing
 past the limit is ever read into memory. A body that stalls longer than the read timeout
-between chunks gets 408 the same way (a client sending a byte at a time holds no worker)."""
+between chunks gets 408 the same way (a client sending a byte at a time holds no worker).
+
+With an API key set, every route but the health probes (/health, /ready: an orchestrator's
+probe carries no credentials) needs `Authorization: Bearer KEY`, the header the openai and
+huggingface_hub clients send; anything else is a 401 before the body is read."""
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import time
 from collections.abc import Awaitable, Callable, Collection
@@ -30,6 +35,8 @@ Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+OPEN_PATHS = frozenset({"/health", "/ready"})  # answered without the API key
 
 
 async def reply(
@@ -70,8 +77,10 @@ class FrontDoor:
         seconds: Any,
         max_body_bytes: int,
         body_timeout_s: float = 30.0,
+        api_key: str | None = None,
     ) -> None:
         self.app, self.engine = app, engine
+        self.api_key = api_key.encode() if api_key else None
         self.body_timeout_s = body_timeout_s
         self.inference_routes, self.known_routes = inference_routes, known_routes
         self.requests, self.seconds, self.max_body_bytes = requests, seconds, max_body_bytes
@@ -86,6 +95,11 @@ class FrontDoor:
         self.requests.labels(label, str(status)).inc()
 
     async def _handle(self, scope: Scope, receive: Receive, send: Send, path: str) -> int:
+        if self.api_key is not None and path not in OPEN_PATHS and not self._authorized(scope):
+            error = "missing or wrong API key: send the header Authorization: Bearer KEY"
+            challenge = ((b"www-authenticate", b"Bearer"),)
+            await reply(send, 401, {"error": error, "error_type": "unauthorized"}, challenge)
+            return 401
         length = header(scope, b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
             await _too_large(send, self.max_body_bytes)
@@ -113,6 +127,16 @@ class FrontDoor:
         await self.app(scope, bounded.receive, send_and_note)
         self.seconds.observe(time.perf_counter() - t0)
         return bounded.answered or status
+
+    def _authorized(self, scope: Scope) -> bool:
+        for key, value in scope.get("headers", ()):
+            if key == b"authorization":
+                scheme, _, token = bytes(value).strip().partition(b" ")
+                # constant time: the comparison must not tell how much of a guess was right
+                return scheme.lower() == b"bearer" and hmac.compare_digest(
+                    token.strip(), self.api_key or b""
+                )
+        return False
 
 
 async def _too_large(send: Send, limit: int) -> None:

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import SquantError
 from .engine import ServeConfig
+
+if TYPE_CHECKING:
+    from .app import HttpConfig
 
 _REPLICA_ENGINE: list[Any] = []  # set inside each replica process by its app builder
 
@@ -41,14 +44,17 @@ def application(
     pooling_from: str | Path | None = None,
     calib: str | Path | None = None,
     max_queued_requests: int = 1024,
+    http: HttpConfig | None = None,
 ) -> Any:
     """A Ray Serve application (pass it to serve.run) of `replicas` squant servers."""
     try:
         from ray import serve
     except ImportError:
         raise SquantError("--ray needs the ray extra: pip install 'squant[ray]'") from None
+    from .app import HttpConfig
+
     model = str(Path(model).resolve())
-    name = Path(model).name
+    http = http or HttpConfig(model_name=Path(model).name)
 
     def build_app() -> Any:  # runs inside each replica
         from .app import create_app
@@ -63,7 +69,7 @@ def application(
         engine = engine_for(model, config, pooling_from, calib)
         engine.start()
         _REPLICA_ENGINE.append(engine)  # this replica process's engine, for check_health
-        app = create_app(engine, name)
+        app = create_app(engine, http=http)
         freeze_startup_objects()
         return app
 
