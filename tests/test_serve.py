@@ -950,3 +950,20 @@ def test_empty_http_settings_are_refused(fields, message):
 
     with pytest.raises(squant.SquantError, match=message):
         HttpConfig(**fields)
+
+
+def test_tokenize_answers_in_tei_shape(embedder):
+    engine, client = embedder
+    texts = ["the cat sat", "a dog"]
+    rows = client.post("/tokenize", json={"inputs": texts}).json()
+    assert len(rows) == 2
+    for text, row in zip(texts, rows, strict=True):
+        assert [t["id"] for t in row] == engine.tokenizer(text)["input_ids"]
+        assert row[0]["special"] and row[-1]["special"] and row[0]["start"] is None
+        for token in row[1:-1]:
+            assert set(token) == {"id", "text", "special", "start", "stop"}
+            assert not token["special"]
+            assert token["text"] == text[token["start"] : token["stop"]]
+    plain = client.post("/tokenize", json={"inputs": "a dog", "add_special_tokens": False}).json()
+    assert [t["id"] for t in plain[0]] == [t["id"] for t in rows[1][1:-1]]
+    assert not any(t["special"] for t in plain[0])

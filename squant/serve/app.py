@@ -79,6 +79,7 @@ class PredictRequest(BaseModel):
 
 class TokenizeRequest(BaseModel):
     inputs: str | list[str]
+    add_special_tokens: bool = True
 
 
 class ApiError(Exception):
@@ -371,16 +372,19 @@ def create_app(
         }
 
     @app.post("/tokenize")
-    async def tokenize(body: TokenizeRequest) -> list[list[int]]:
-        texts = _texts(body.inputs)
+    async def tokenize(body: TokenizeRequest) -> list[list[dict[str, Any]]]:
+        """TEI's shape: per input, its tokens as {id, text, special, start, stop}."""
+        texts = [t for t in _texts(body.inputs) if isinstance(t, str)]
         # tokenizing is work too (a 2 MB body took seconds): admitted like inference, so a
         # flood of /tokenize is refused with 429 instead of piling up on the threads
         try:
             with engine.admitted():
-                encoded = await asyncio.to_thread(engine.tokenize, texts, True)
+                tokens = await asyncio.to_thread(
+                    engine.token_details, texts, body.add_special_tokens
+                )
         except OverloadedError as e:
             raise ApiError(429, str(e), "overloaded", {"Retry-After": e.retry_after}) from None
-        return [ids for ids, _ in encoded]
+        return tokens
 
     @app.get("/health")
     def health() -> JSONResponse:

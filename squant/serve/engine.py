@@ -408,6 +408,43 @@ class Engine:
             out.append((ids, list(enc["token_type_ids"]) if "token_type_ids" in enc else None))
         return out
 
+    def token_details(
+        self, texts: Sequence[str], add_special_tokens: bool = True
+    ) -> list[list[dict[str, Any]]]:
+        """TEI's /tokenize answer: per text, its tokens as {id, text, special, start, stop},
+        truncated as inference truncates. start/stop are character offsets into the text
+        (None for special tokens, and where the tokenizer is not a fast one)."""
+        tok = self._tokenizer()
+        out = []
+        for text in texts:
+            enc = tok(
+                text,
+                truncation=True,
+                max_length=self.max_length,
+                add_special_tokens=add_special_tokens,
+                return_special_tokens_mask=True,
+                return_offsets_mapping=bool(getattr(tok, "is_fast", False)),
+            )
+            ids = list(enc["input_ids"])
+            offsets = enc.get("offset_mapping")
+            pieces = tok.convert_ids_to_tokens(ids)
+            row = []
+            for i, (token_id, special) in enumerate(
+                zip(ids, enc["special_tokens_mask"], strict=True)
+            ):
+                start, stop = (None, None) if special or offsets is None else offsets[i]
+                row.append(
+                    {
+                        "id": int(token_id),
+                        "text": pieces[i] if start is None else text[start:stop],
+                        "special": bool(special),
+                        "start": start,
+                        "stop": stop,
+                    }
+                )
+            out.append(row)
+        return out
+
     def submit(
         self,
         encoded: list[tuple[list[int], list[int] | None]],
