@@ -1,0 +1,128 @@
+"""The command line under generated arguments (hypothesis).
+
+Every invocation of every subcommand, with any of its flags and hostile values (nan, inf,
+huge numbers, empty strings, undecodable bytes) and hostile paths (missing, a file where a
+directory belongs, corrupt JSON, non-UTF-8 text, an empty directory), must end with exit 0, or
+with exit 2 and one line on stderr: never a traceback, and never a write anywhere but the
+output path it was given. The flags come from the parser itself, so a new flag is fuzzed as
+soon as it exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+from pathlib import Path
+
+import pytest
+
+hypothesis = pytest.importorskip("hypothesis")
+st = hypothesis.strategies
+
+from squant import cli  # noqa: E402
+
+EXAMPLES = 500
+# values a shell can pass: no NUL, but undecodable bytes arrive as surrogate escapes
+VALUES = [
+    "", "0", "1", "-1", "2", "0.5", "nan", "inf", "-inf", "1e9", "1e309", "99999999999999999999",
+    "auto", "none", "static", "x", "..", "/", "/dev/null", "é", "\udcff", "--", "-",
+]  # fmt: skip
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes() if p.is_file() else b"<dir>"
+        for p in sorted(root.rglob("*"))
+    }
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("fuzz")
+    (root / "text.txt").write_text("a cat\na dog\n")
+    (root / "binary.bin").write_bytes(b"\xff\xfe\x00\x81" * 64)
+    (root / "empty_dir").mkdir()
+    corrupt = root / "corrupt_ckpt"
+    corrupt.mkdir()
+    (corrupt / "config.json").write_text("{not json")
+    array = root / "array_ckpt"
+    array.mkdir()
+    (array / "config.json").write_text("[1, 2, 3]")
+    (array / "squant.json").write_text('{"format": 99}')
+    (root / "rows.jsonl").write_text('{"text": "a"}\n[1]\n"bare"\n{"text": 5}\n')
+    return root
+
+
+def _paths(root: Path) -> list[str]:
+    names = ["text.txt", "binary.bin", "empty_dir", "corrupt_ckpt", "array_ckpt", "rows.jsonl"]
+    return [str(root / n) for n in names] + [str(root / "missing"), str(root / "out")]
+
+
+def _commands() -> dict[str, tuple[list[argparse.Action], list[argparse.Action]]]:
+    """Per subcommand: its positionals and its options (help excluded)."""
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    out = {}
+    for name, p in sub.choices.items():
+        actions = [a for a in p._actions if not isinstance(a, argparse._HelpAction)]
+        out[name] = (
+            [a for a in actions if not a.option_strings],
+            [a for a in actions if a.option_strings],
+        )
+    return out
+
+
+COMMANDS = _commands()
+
+
+@st.composite
+def invocations(draw, root: Path) -> list[str]:
+    paths = _paths(root)
+    value = st.sampled_from(VALUES + paths)
+    name = draw(st.sampled_from(sorted(COMMANDS)))
+    positionals, options = COMMANDS[name]
+    argv = [name]
+    for action in positionals:
+        argv.append(draw(st.sampled_from(paths)) if draw(st.booleans()) else draw(value))
+    for action in draw(st.lists(st.sampled_from(options), max_size=5, unique_by=id)):
+        flag = draw(st.sampled_from(action.option_strings))
+        if action.nargs == 0:
+            argv.append(flag)
+        elif action.choices and draw(st.booleans()):
+            argv += [flag, str(draw(st.sampled_from(list(action.choices))))]
+        else:
+            argv += [flag, draw(value)]
+    return argv
+
+
+def test_no_invocation_ends_in_a_traceback_or_writes_outside_its_output(inputs, monkeypatch):
+    monkeypatch.chdir(inputs)  # a relative path lands here, where the snapshot sees it
+    # never reach a model hub, never open a port anyone could need
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    before = _tree(inputs)
+    ran: list[int] = []
+
+    @hypothesis.settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(hypothesis.HealthCheck),
+    )
+    @hypothesis.given(invocations(inputs))
+    def one(argv: list[str]) -> None:
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            code = cli.main(argv)
+        ran.append(code)
+        message = err.getvalue()
+        assert "Traceback" not in message, (argv, message)
+        if code != 0:
+            assert code == 2, (argv, code, message)
+            lines = [line for line in message.splitlines() if line.strip()]
+            assert lines and "error" in lines[-1], (argv, message)
+        after = {k: v for k, v in _tree(inputs).items() if not k.startswith("out")}
+        assert after == before, (argv, set(after) ^ set(before))
+
+    one()
+    assert len(ran) >= EXAMPLES
