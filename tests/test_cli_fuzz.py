@@ -83,7 +83,7 @@ def invocations(draw, root: Path) -> list[str]:
     name = draw(st.sampled_from(sorted(COMMANDS)))
     positionals, options = COMMANDS[name]
     argv = [name]
-    for action in positionals:
+    for _ in positionals:
         argv.append(draw(st.sampled_from(paths)) if draw(st.booleans()) else draw(value))
     for action in draw(st.lists(st.sampled_from(options), max_size=5, unique_by=id)):
         flag = draw(st.sampled_from(action.option_strings))
