@@ -28,11 +28,17 @@ after export (the hash), not a malicious package built with a matching manifest.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
+import os
+import shutil
+import tempfile
+import threading
+import weakref
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -278,11 +284,39 @@ def load_exported(directory: str | Path, num_runners: int = 1) -> ExportedModel:
     _load_kernels(directory, manifest)
     from torch._inductor.package import load_package  # type: ignore[attr-defined]
 
-    try:
-        runner = load_package(str(directory / PACKAGE), num_runners=num_runners)
-    except Exception as e:  # torch raises RuntimeError/OSError/... with long native traces
-        raise SquantError(f"cannot load {directory / PACKAGE}: {first_line(e)[:300]}") from None
+    with _extraction_directory() as extracted:
+        try:
+            runner = load_package(str(directory / PACKAGE), num_runners=num_runners)
+        except Exception as e:  # torch raises RuntimeError/OSError/... with long native traces
+            shutil.rmtree(extracted, ignore_errors=True)
+            message = f"cannot load {directory / PACKAGE}: {first_line(e)[:300]}"
+            raise SquantError(message) from None
+    # torch removes its own extraction when the runner is freed; squant's directory around it
+    weakref.finalize(runner, shutil.rmtree, extracted, True)
     return ExportedModel(runner, manifest)
+
+
+_TMPDIR_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _extraction_directory() -> Iterator[str]:
+    """A private temporary directory for torch to extract a package into.
+
+    torch's loader extracts the package under the temp directory (TMPDIR) and removes it when
+    the runner is destroyed, but not when loading fails: each failed load would leave an
+    aotinductor_* directory behind. Under a directory of squant's own, squant removes it."""
+    private = tempfile.mkdtemp(prefix="squant-pt2-")
+    with _TMPDIR_LOCK:  # the variable is process-wide: one load at a time changes it
+        old = os.environ.get("TMPDIR")
+        os.environ["TMPDIR"] = private
+        try:
+            yield private
+        finally:
+            if old is None:
+                os.environ.pop("TMPDIR", None)
+            else:
+                os.environ["TMPDIR"] = old
 
 
 def load_packaged(directory: str | Path, num_runners: int = 1) -> PackagedEncoder:

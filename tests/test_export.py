@@ -136,8 +136,22 @@ def test_a_package_changed_after_export_is_refused(exported, tmp_path):
         squant.load_exported(deploy)
 
 
+@pytest.fixture
+def private_tmp(tmp_path, monkeypatch):
+    """The temp directory (Python's and torch's) moved where a test can see what is left."""
+    import tempfile
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    return tmp
+
+
 @pytest.mark.parametrize("content", [b"", b"random bytes, not a zip", "truncate"])
-def test_corrupt_package_is_one_clear_error(exported, tmp_path, content):
+def test_corrupt_package_is_one_clear_error_and_leaves_nothing(
+    exported, tmp_path, content, private_tmp
+):
     deploy = _copy_export(exported, tmp_path)
     package = deploy / "model.pt2"
     data = package.read_bytes()
@@ -145,6 +159,37 @@ def test_corrupt_package_is_one_clear_error(exported, tmp_path, content):
     _rehash(deploy)
     with pytest.raises(SquantError, match=r"not a valid package|empty archive|cannot load"):
         squant.load_exported(deploy)
+    assert list(private_tmp.iterdir()) == []  # no extraction left behind
+
+
+def test_a_package_whose_library_does_not_load_leaves_no_extraction(
+    exported, tmp_path, private_tmp
+):
+    """A valid archive whose compiled library is garbage: torch extracts it, then fails."""
+    import zipfile
+
+    deploy = _copy_export(exported, tmp_path)
+    package = deploy / "model.pt2"
+    with zipfile.ZipFile(package) as z:
+        members = [(info, z.read(info)) for info in z.infolist()]
+    with zipfile.ZipFile(package, "w") as z:
+        for info, data in members:
+            z.writestr(info, b"not a shared library" if info.filename.endswith(".so") else data)
+    _rehash(deploy)
+    with pytest.raises(SquantError, match="cannot load"):
+        squant.load_exported(deploy)
+    assert list(private_tmp.iterdir()) == []
+
+
+def test_a_loaded_package_removes_its_extraction_when_freed(exported, private_tmp):
+    import gc
+
+    directory, *_ = exported
+    loaded = squant.load_exported(directory)
+    assert list(private_tmp.iterdir())  # extracted while in use
+    del loaded
+    gc.collect()
+    assert list(private_tmp.iterdir()) == []
 
 
 @pytest.mark.parametrize(
