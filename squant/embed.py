@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 
 from .data import text_from_record
 from .errors import SquantError
-from .files import iter_jsonl
+from .files import iter_jsonl, model_sha256
 from .serve.engine import Engine, ServeConfig
 
 MANIFEST = "embed.json"
@@ -45,10 +45,12 @@ class EmbedReport:
     skipped_shards: int  # already complete from an earlier run
     seconds: float
     out: Path
+    embedded_rows: int = -1  # rows embedded by this run (-1: all rows)
 
     def line(self) -> str:
-        done = self.shards - self.skipped_shards
-        rate = f"; {self.rows / self.seconds:.1f} rows/s" if self.seconds and done else ""
+        done = self.rows if self.embedded_rows < 0 else self.embedded_rows
+        # the rate of this run's work: rows found complete from an earlier run cost nothing
+        rate = f"; {done / self.seconds:.1f} rows/s" if self.seconds and done else ""
         return (
             f"{self.rows} rows x {self.dim} -> {self.out} ({self.shards} shards, "
             f"{self.skipped_shards} already there){rate}"
@@ -95,12 +97,12 @@ def _check_manifest(out: Path, wanted: dict[str, Any]) -> None:
         differs = sorted(k for k in wanted if k not in have or have[k] != wanted[k])
         if differs:
             unknown = [k for k in differs if k not in have]
-            why = (
-                f" (it does not record {', '.join(unknown)}: written by an older squant, "
-                "which truncated long texts at the model's positions)"
-                if unknown
-                else ""
-            )
+            why = ""
+            if unknown:
+                why = f" (it does not record {', '.join(unknown)}: written by an older squant"
+                if "truncation" in unknown:
+                    why += ", which truncated long texts at the model's positions"
+                why += ")"
             raise SquantError(
                 f"{out} holds embeddings made with other {', '.join(differs)}{why}; "
                 "use a new --out (nothing was changed)"
@@ -209,6 +211,9 @@ def write_shards(
             "input": str(input_path.resolve()),
             "input_bytes": input_path.stat().st_size,
             "model": model_name,
+            # the model's content, not just its path: a directory re-quantized in place
+            # must not resume into shards the old weights wrote
+            "model_sha256": model_sha256(model_name) if model_name else None,
             "shard_rows": shard_rows,
             "pooling": pooling,
             "normalize": normalize,
@@ -216,7 +221,7 @@ def write_shards(
         },
     )
     t0 = time.perf_counter()
-    rows = shards = skipped = dim = 0
+    rows = shards = skipped = dim = embedded = 0
     pending: list[tuple[int, list[str]]] = []
     bar = tqdm(desc="embedding", unit="row", disable=not progress)
 
@@ -239,6 +244,7 @@ def write_shards(
             bar.update(len(texts))
             continue
         pending.append((k, texts))
+        embedded += len(texts)
         if len(pending) == shards_per_call:
             flush()
     if pending:
@@ -248,7 +254,7 @@ def write_shards(
         import pyarrow.parquet as pq
 
         dim = int(pq.read_schema(out / "part-00000.parquet").field("embedding").type.list_size)
-    return EmbedReport(rows, dim, shards, skipped, time.perf_counter() - t0, out)
+    return EmbedReport(rows, dim, shards, skipped, time.perf_counter() - t0, out, embedded)
 
 
 def offline_config(**settings: Any) -> ServeConfig:

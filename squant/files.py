@@ -29,6 +29,7 @@ Single output files (`--json`, `--png`) go through `check_output_file` before an
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -278,3 +279,26 @@ def iter_jsonl(path: Path, objects_only: bool = True) -> Iterator[tuple[int, Any
             if objects_only and not isinstance(value, dict):
                 raise SquantError(f"{path}:{n}: expected a JSON object, got {type(value).__name__}")
             yield n, value
+
+
+# what defines a model directory's behaviour: weights, configs, tokenizer files, packages
+MODEL_FILE_SUFFIXES = (".safetensors", ".bin", ".pt2", ".so", ".json", ".txt", ".model")
+
+
+def model_sha256(path: str | Path) -> str | None:
+    """SHA-256 over the relative names and bytes of a model directory's defining files
+    (MODEL_FILE_SUFFIXES; any other file, a README say, does not count); None when path is
+    not a directory (a hub id). Two directories with the same weights, configs and tokenizer
+    agree, wherever they are."""
+    root = Path(path)
+    if not root.is_dir():
+        return None
+    digest = hashlib.sha256()
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in MODEL_FILE_SUFFIXES)
+    for file in files:
+        digest.update(str(file.relative_to(root)).encode("utf-8", "surrogateescape") + b"\0")
+        with file.open("rb") as f:
+            while block := f.read(1 << 20):
+                digest.update(block)
+        digest.update(b"\0")
+    return digest.hexdigest()

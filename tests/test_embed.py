@@ -128,3 +128,31 @@ def test_a_directory_made_at_another_truncation_length_is_refused(engine, base_d
     with pytest.raises(squant.SquantError, match="older squant"):
         embed_file(engine, corpus, out, shard_rows=10, progress=False)
     assert len(list(out.glob("part-*.parquet"))) == 2  # nothing was written
+
+
+def test_a_model_changed_in_place_does_not_resume_into_old_shards(engine, base_dir, tmp_path):
+    """The manifest records the model's content: the same path with other weights (say,
+    quantized again into the same directory) is refused; a file that is not part of the
+    model (a README) changes nothing."""
+    import shutil
+
+    from squant.files import model_sha256
+
+    model = tmp_path / "model"
+    shutil.copytree(base_dir, model)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(TEXTS) + "\n")
+    out = tmp_path / "out"
+    first = embed_file(engine, corpus, out, shard_rows=10, model_name=str(model), progress=False)
+    assert "rows/s" in first.line()
+    (out / "part-00002.parquet").unlink()
+    (model / "README.md").write_text("notes")  # not part of the model
+    resumed = embed_file(engine, corpus, out, shard_rows=10, model_name=str(model), progress=False)
+    assert (resumed.skipped_shards, resumed.embedded_rows) == (2, 5)  # the rate counts 5 rows
+    weights = next(model.glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:-1] + b"\x01")
+    assert model_sha256(model) != model_sha256(base_dir)
+    (out / "part-00002.parquet").unlink()
+    with pytest.raises(squant.SquantError, match="other model_sha256"):
+        embed_file(engine, corpus, out, shard_rows=10, model_name=str(model), progress=False)
+    assert len(list(out.glob("part-*.parquet"))) == 2  # nothing was written
