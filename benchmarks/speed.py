@@ -18,15 +18,11 @@ Writes JSON with the command, commit, host ISA, core count and versions.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import platform
 import statistics
-import subprocess
 import sys
 import time
 import traceback
-from importlib import metadata
 from pathlib import Path
 
 import torch
@@ -44,6 +40,7 @@ from competitors import (
 from squant.bench.configs import random_inputs, random_model
 from squant.hardware import cpu_features
 from squant.outputs import first_tensor
+from squant.provenance import commit, versions
 from squant.report import format_table
 from squant.timing import summarize
 from squant.variants import BuildContext, build
@@ -115,28 +112,6 @@ INT8 |= {"squant-static-cpp-wrapper", "squant-dynamic-cpp-wrapper"}
 INT8 |= {"squant-static-float-attention", "squant-dynamic-float-attention"}
 INT8 |= {"openvino-int8", "openvino-int8-f32", "openvino-int8-throughput", "ort-int8-dynamic"}
 DEFAULT_VARIANTS = "fp32-compiled-frozen,squant-static,squant-dynamic,openvino-int8"
-
-
-def versions() -> dict[str, str]:
-    out = {"python": platform.python_version()}
-    for pkg in ("torch", "torchao", "transformers", "openvino", "nncf", "onnxruntime"):
-        with contextlib.suppress(metadata.PackageNotFoundError):
-            out[pkg] = metadata.version(pkg)
-    return out
-
-
-def _git(*args: str) -> str:
-    return subprocess.run(
-        ["git", "-C", str(REPO), *args], capture_output=True, text=True, check=True
-    ).stdout.strip()
-
-
-def commit() -> str:
-    try:
-        dirty = _git("status", "--porcelain", "--untracked-files=no")
-        return _git("rev-parse", "--short", "HEAD") + ("-dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def _real_texts(path: Path, skip: int, count: int) -> list[str]:

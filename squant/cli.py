@@ -52,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as e:  # --help (0) or a usage error (2), already printed
         return int(e.code or 0)
+    # the invocation, as results record it (provenance)
+    args.command_line = ["squant", *(sys.argv[1:] if argv is None else argv)]
     try:
         COMMANDS[args.command].run(args)
     except SquantError as e:

@@ -141,6 +141,10 @@ def test_mnli_task_through_the_cli(tmp_path, capsys):
     assert set(record["results"]) == {"fp32", "bf16", "static"}
     assert record["n_scored"] == len(lines) - 8
     assert all("accuracy" in r for r in record["results"].values())
+    # where the figures came from: the command, the host's ISA, the versions
+    origin = record["provenance"]
+    assert origin["command"].startswith("squant") and "--task mnli" in origin["command"]
+    assert origin["hardware"]["isa"] is not None and origin["versions"]["torch"]
 
 
 def test_eval_errors_are_one_line(tmp_path, capsys):

@@ -65,5 +65,8 @@ def run(args: argparse.Namespace) -> None:
     print(f"{args.task} on {record['n_scored']} examples of {args.data}; alpha={alpha}")
     print(format_table(headers, format_results(record)))
     if json_path:
+        from ..provenance import provenance
+
+        record = {**record, "provenance": provenance(getattr(args, "command_line", None))}
         write_output_file(json_path, json.dumps(record, indent=2))
         print(f"JSON: {args.json}")
