@@ -104,6 +104,8 @@ def test_an_unreachable_ray_address_is_one_line(base_dir, tmp_path, capsys, monk
         raise ConnectionError("Failed to connect to Ray cluster at 192.0.2.1:1")
 
     monkeypatch.setattr(ray, "init", unreachable)
+    # an earlier test's local cluster may still be up in this process: embed would reuse it
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("a\nb\n")
     argv = ["embed", str(base_dir), str(corpus), "--out", str(tmp_path / "o"), "--ray"]
