@@ -9,7 +9,6 @@ goes in the compiled model (Table 3).
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ from .bench.roofline import (
     speedup_ceiling,
 )
 from .errors import SquantError
+from .files import read_json
 from .hardware import CpuFeatures, cpu_features
 from .mappings import hf_config
 from .report import format_table
@@ -142,11 +142,10 @@ def realized_vs_ceiling(bench: dict[str, Any], gemms: list[Gemm], p: Peaks) -> l
 def read_bench(path: str | Path, model: str | None = None) -> dict[str, Any]:
     """Variant -> timing dict from a `squant bench` or benchmarks/speed.py JSON."""
     path = Path(path)
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise SquantError(f"cannot read bench JSON {path}: {e}") from None
-    results = record.get("results", {})
+    record = read_json(path, "a bench JSON")
+    results = record.get("results", {}) if isinstance(record, dict) else None
+    if not isinstance(results, dict):
+        raise SquantError(f"{path} is not a bench JSON (no results object)")
     if results and all(isinstance(v, dict) and "median_ms" not in v for v in results.values()):
         # benchmarks/speed.py: results per model
         if model is None or model not in results:
@@ -294,7 +293,10 @@ def profile_variants(
 
     inputs = random_inputs(model, batch, seq)
     context = BuildContext(
-        random_calibration(model), example_inputs=inputs, kernel_profile=True, progress=False
+        random_calibration(model, seq=min(seq, 128)),
+        example_inputs=inputs,
+        kernel_profile=True,
+        progress=False,
     )
     out = {}
     for v in parse_variants(tuple(precisions)):

@@ -231,6 +231,30 @@ def _fsync_tree(root: Path) -> None:
                 os.close(fd)
 
 
+def parse_json(text: str, where: str) -> Any:
+    """json.loads with every way the parser can refuse a text as one SquantError naming
+    `where`: not JSON, nested too deeply, or a number beyond Python's integer-digit limit."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise SquantError(f"{where}: not valid JSON ({e.msg}, line {e.lineno})") from None
+    except RecursionError:
+        raise SquantError(f"{where}: JSON nested too deeply") from None
+    except ValueError as e:  # an integer of more than sys.get_int_max_str_digits() digits
+        raise SquantError(f"{where}: a number too long to read ({str(e).split(';')[0]})") from None
+
+
+def read_json(path: Path, what: str) -> Any:
+    """A JSON file from a user (any value), its read and parse errors as one SquantError."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise SquantError(f"{path} is not UTF-8 text, so not {what}") from None
+    except OSError as e:
+        raise SquantError(f"cannot read {path}: {e.strerror or e}") from None
+    return parse_json(text, str(path))
+
+
 def read_json_record(
     path: Path,
     fmt: str,
@@ -245,11 +269,11 @@ def read_json_record(
     if max_bytes is not None and path.stat().st_size > max_bytes:
         raise SquantError(f"{path} is {path.stat().st_size} bytes: too large for {what}")
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        record = parse_json(path.read_text(encoding="utf-8"), str(path))
+    except UnicodeDecodeError as e:
         raise SquantError(f"{path} is not valid JSON ({e}); the file is corrupt") from None
-    except RecursionError:
-        raise SquantError(f"{path} is nested too deeply to be {what}") from None
+    except SquantError as e:
+        raise SquantError(f"{e}; the file is corrupt, or not {what}") from None
     if not isinstance(record, dict) or record.get("format") != fmt:
         raise SquantError(f"{path} is not {what}")
     versions = version if isinstance(version, tuple) else (version,)
@@ -270,12 +294,7 @@ def iter_jsonl(path: Path, objects_only: bool = True) -> Iterator[tuple[int, Any
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
-            try:
-                value = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise SquantError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-            except RecursionError:
-                raise SquantError(f"{path}:{n}: JSON nested too deeply") from None
+            value = parse_json(line, f"{path}:{n}")
             if objects_only and not isinstance(value, dict):
                 raise SquantError(f"{path}:{n}: expected a JSON object, got {type(value).__name__}")
             yield n, value

@@ -97,7 +97,7 @@ def _transformer_place(directory: Path) -> None:
     try:
         modules = json.loads((directory / MODULES_FILE).read_text())
         place = next(m["path"] for m in modules if m["idx"] == 0)
-    except (OSError, ValueError, KeyError, TypeError, StopIteration) as e:
+    except (OSError, ValueError, KeyError, TypeError, StopIteration, RecursionError) as e:
         raise SquantError(
             f"{directory / MODULES_FILE} is not a sentence-transformers module list ({e})"
         ) from None

@@ -378,3 +378,55 @@ def test_a_json_calibration_file_is_refused_not_read_as_text_lines(
     )
     _one_line_error(capsys, code, "quantize", ".json is not a calibration format")
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        # a JSON number beyond Python's integer-digit limit, in any JSON/JSONL input
+        (["quantize", "{ckpt}", "--calib", "{big}", "--out", "{tmp}/o"], "number too long"),
+        (["analyze", "{ckpt}", "--seq", "1000000", "--png", ""], "exceeds the model's"),
+        (["bench", "{ckpt}", "--seq", "1000000"], "exceeds the model's"),
+        (["bench", "{ckpt}", "--batch", "1000000000"], "tokens; at most"),
+        (["analyze", "{ckpt}", "--threads", "100000", "--png", ""], "CPUs this process"),
+        (
+            ["analyze", "{ckpt}", "--quick", "--hotspots", "", "--png", "", "--bench", "{binary}"],
+            "UTF-8",
+        ),
+        (
+            ["analyze", "{ckpt}", "--quick", "--hotspots", "", "--png", "", "--bench", "{array}"],
+            "bench JSON",
+        ),
+        (["serve", "{ckpt}", "--port", "70000"], "1..65535"),
+    ],
+)
+def test_inputs_that_once_raised_tracebacks_are_one_line_errors(
+    tiny_checkpoint, tmp_path, capsys, argv, message
+):
+    big = tmp_path / "big.jsonl"
+    big.write_text('{"text": ' + "9" * 5000 + "}\n")
+    (tmp_path / "binary.json").write_bytes(b"\xff\xfe{")
+    (tmp_path / "array.json").write_text("[1, 2]")
+    paths = {
+        "ckpt": str(tiny_checkpoint),
+        "big": str(big),
+        "tmp": str(tmp_path),
+        "binary": str(tmp_path / "binary.json"),
+        "array": str(tmp_path / "array.json"),
+    }
+    code = main([a.format(**paths) for a in argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err and message in err[-1]
+
+
+def test_analyze_defaults_fit_a_model_with_few_positions(tiny_checkpoint, capsys, tmp_path):
+    """The default --seq (256) is cut to the model's positions instead of failing."""
+    from squant.mappings import max_positions
+    from squant.models import load_model
+
+    assert max_positions(load_model(tiny_checkpoint, task="base")) < 256
+    record = tmp_path / "a.json"
+    code = main(
+        ["analyze", str(tiny_checkpoint), "--hotspots", "", "--png", "", "--json", str(record)]
+    )
+    assert code == 0, capsys.readouterr().err

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .common import load_any, positive_int
+from .common import checked_threads, fitted_shape, load_any, positive_int
 
 HELP = "hardware ceilings, roofline and hotspots of a model"
 
@@ -13,7 +13,9 @@ HELP = "hardware ceilings, roofline and hotspots of a model"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="checkpoint directory or built-in config name (random weights)")
     p.add_argument("--batch", type=positive_int, default=1)
-    p.add_argument("--seq", type=positive_int, default=256)
+    p.add_argument(
+        "--seq", type=positive_int, default=None, help="default: 256 or the model's positions"
+    )
     p.add_argument(
         "--threads", type=positive_int, default=None, help="default: all of this process's"
     )
@@ -43,9 +45,10 @@ def run(args: argparse.Namespace) -> None:
     inputs = [args.model, args.bench]
     json_path = check_output_file(args.json, inputs, "--json") if args.json else None
     png_path = check_output_file(args.png, inputs, "--png") if args.png else None
-    if args.threads:
+    if checked_threads(args.threads):
         torch.set_num_threads(args.threads)
     model = load_any(args.model)
+    args.batch, args.seq = fitted_shape(model, args.batch, args.seq)
     hotspots = [v.strip() for v in args.hotspots.split(",") if v.strip()]
     print(f"measuring this CPU ({torch.get_num_threads()} threads) ...", file=sys.stderr)
     analysis = analyze_model(

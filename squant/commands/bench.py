@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import load_any, positive_float, positive_int
+from .common import fitted_shape, load_any, positive_float, positive_int
 
 HELP = "throughput/latency of variants, multi-instance"
 
@@ -18,7 +18,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "no suffix: eager), as in squant eval",
     )
     p.add_argument("--batch", type=positive_int, default=1)
-    p.add_argument("--seq", type=positive_int, default=256)
+    p.add_argument(
+        "--seq", type=positive_int, default=None, help="default: 256 or the model's positions"
+    )
     p.add_argument("--instances", type=positive_int, default=None, help="default: cores / C")
     p.add_argument(
         "--cores-per-instance",
@@ -45,6 +47,7 @@ def run(args: argparse.Namespace) -> None:
     png_path = check_output_file(args.png, [args.model], "--png") if args.png else None
     placement = runner.plan(args.instances, args.cores_per_instance)
     model = load_any(args.model)
+    args.batch, args.seq = fitted_shape(model, args.batch, args.seq)
     weights = (
         "random weights (published config)" if is_builtin(args.model) else "checkpoint weights"
     )

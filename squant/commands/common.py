@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -49,6 +50,14 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def port_number(text: str) -> int:
+    """argparse type: a TCP port, 1..65535."""
+    value = positive_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"expected a port in 1..65535, got {value}")
     return value
 
 
@@ -108,6 +117,39 @@ def load_any(name: str) -> Any:
     from ..models import load_model
 
     return random_model(name) if is_builtin(name) else load_model(name, task="base")
+
+
+DEFAULT_SEQ = 256
+# tokens per measured batch: beyond this a "size" is a typo that would try to allocate GBs
+MAX_BATCH_TOKENS = 1 << 20
+
+
+def fitted_shape(model: Any, batch: int, seq: int | None) -> tuple[int, int]:
+    """--batch and --seq checked against the model before anything is built: seq defaults to
+    DEFAULT_SEQ or the model's positions, whichever is fewer; more than the model's positions,
+    or a batch beyond MAX_BATCH_TOKENS tokens, is a one-line error."""
+    from ..errors import SquantError
+    from ..mappings import max_positions
+
+    positions = max_positions(model)
+    seq = min(DEFAULT_SEQ, positions) if seq is None else seq
+    if seq > positions:
+        raise SquantError(f"--seq {seq} exceeds the model's {positions} positions")
+    if batch * seq > MAX_BATCH_TOKENS:
+        raise SquantError(
+            f"--batch {batch} x --seq {seq} is {batch * seq} tokens; at most {MAX_BATCH_TOKENS}"
+        )
+    return batch, seq
+
+
+def checked_threads(threads: int | None) -> int | None:
+    """--threads: at most this process's CPUs (more only adds threads that wait)."""
+    from ..errors import SquantError
+
+    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if threads is not None and available and threads > available:
+        raise SquantError(f"--threads {threads} exceeds the {available} CPUs this process may use")
+    return threads
 
 
 def ray_init(address: str | None, **options: Any) -> None:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import SquantError
 from ..serve.engine import SERVE_BATCH_TOKENS
-from .common import add_runtime_argument, positive_float, positive_int, ray_init
+from .common import add_runtime_argument, port_number, positive_float, positive_int, ray_init
 
 if TYPE_CHECKING:
     from ..serve.app import HttpConfig
@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "written by `squant quantize`/squant.save, or a float checkpoint (served in FP32)",
     )
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=positive_int, default=8080)
+    p.add_argument("--port", type=port_number, default=8080)
     p.add_argument("--instances", type=positive_int, default=None, help="default: cores / C")
     p.add_argument("--cores-per-instance", type=positive_int, default=None)
     p.add_argument("--max-batch-requests", type=positive_int, default=32)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +12,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from ..errors import SquantError
+from ..files import read_json
 from ..mappings import model_inputs
 from . import hf_data
 
@@ -34,11 +34,9 @@ def read_squad(path: str | Path, limit: int | None = None) -> tuple[list[SquadEx
     if not path.is_file():
         raise SquantError(f"SQuAD file {path} does not exist")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))["data"]
-    except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as e:
+        data = read_json(path, "a SQuAD JSON file")["data"]
+    except (KeyError, TypeError) as e:
         raise SquantError(f"{path} is not a SQuAD JSON file ({type(e).__name__}: {e})") from None
-    except RecursionError:
-        raise SquantError(f"{path}: JSON nested too deeply to be SQuAD") from None
     qas = (
         (qa, para["context"])
         for article in data

@@ -300,7 +300,7 @@ def sentence_settings(path: str | os.PathLike[str] | None) -> SentenceSettings:
                 if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                     raise ValueError(f"max_seq_length {value!r} is not a positive integer")
                 max_seq_length = value
-    except (OSError, ValueError, TypeError, AttributeError) as e:
+    except (OSError, ValueError, TypeError, AttributeError, RecursionError) as e:
         raise SquantError(f"{modules}: unreadable sentence-transformers config ({e})") from None
     return SentenceSettings(pooling, normalize, max_seq_length)
 
