@@ -139,13 +139,13 @@ def main() -> None:
             squant.SmoothQuantConfig(mode="dynamic", alpha="auto", outlier_sites=("ffn_out",)),
             covered,
         ),
-        "static, int8 attention": (
-            squant.SmoothQuantConfig(mode="static", attention="int8"),
+        "static, float attention": (
+            squant.SmoothQuantConfig(mode="static", attention="float"),
             covered,
         ),
         "dynamic (defaults)": (squant.SmoothQuantConfig(mode="dynamic"), covered),
-        "dynamic, int8 attention": (
-            squant.SmoothQuantConfig(mode="dynamic", attention="int8"),
+        "dynamic, float attention": (
+            squant.SmoothQuantConfig(mode="dynamic", attention="float"),
             covered,
         ),
         "dynamic, outliers at every site, alpha 0": (
