@@ -1,7 +1,10 @@
 """squant's main job on real weights and data, end to end (what `make demo` runs).
 
 Quantizes the real all-MiniLM-L6-v2 (static and dynamic SmoothQuant INT8) and prints FP32 vs
-INT8 accuracy of an SNLI linear probe and the speed ratio, as a table, plus JSON.
+INT8 accuracy of an SNLI linear probe (eager), then the speed of what a deployment runs: the
+compiled INT8 models and the `.pt2` package against FP32 compiled and, where the `peers` extra
+is installed, OpenVINO INT8, timed in interleaved rounds in one process (benchmarks/speed.py).
+Tables, plus JSON.
 """
 
 from __future__ import annotations
@@ -42,6 +45,9 @@ def main() -> None:
     p.add_argument("--variants", default="fp32,static,dynamic")
     p.add_argument("--alpha", type=_alpha, default="auto", help="a number in [0, 1] or 'auto'")
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument(
+        "--speed-rounds", type=int, default=4, help="interleaved speed rounds (0: no speed table)"
+    )
     p.add_argument("--json", type=Path, default=Path("results/demo.json"))
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -94,11 +100,33 @@ def main() -> None:
             rows,
         )
     )
+    if args.speed_rounds > 0:
+        result["speed"] = deployed_speed(args)
     result["machine"] = {"cpu": platform.processor() or platform.machine(), "threads": args.threads}
     result["versions"] = {"torch": torch.__version__}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2))
     print(f"JSON: {args.json}")
+
+
+def deployed_speed(args: argparse.Namespace) -> dict:
+    """The compiled and packaged INT8 models against FP32 compiled (and OpenVINO INT8 where
+    installed), batch 1 x 128 tokens of real text, interleaved rounds in one process."""
+    import importlib.util
+
+    import speed  # benchmarks/speed.py, beside this file
+
+    variants = ["fp32-compiled-frozen", "squant-static", "squant-static-pt2", "squant-dynamic"]
+    if importlib.util.find_spec("nncf") and importlib.util.find_spec("openvino"):
+        variants.append("openvino-int8")
+    shape = argparse.Namespace(
+        batch=1, seq=128, threads=args.threads, snli=args.snli_dir / "snli_1.0_test.jsonl"
+    )
+    model, inputs, calibration, weights = speed.load_model("minilm", shape)
+    built = speed.build_variants("minilm", model, inputs, calibration, variants)
+    rows = speed.time_interleaved(built, inputs, args.speed_rounds, 1.5)
+    speed.print_table("minilm", weights, rows, shape)
+    return {"batch": 1, "seq": 128, "rounds": args.speed_rounds, "rows": rows}
 
 
 if __name__ == "__main__":

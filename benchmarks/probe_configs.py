@@ -2,7 +2,7 @@
 side (one process, one probe, one FP32 reference): accuracy, agreement with FP32's labels,
 accuracy minus FP32's on the same pairs with its 95% interval, and embedding cosine (mean,
 worst pair). Today's defaults against each mode without float outlier channels and with the
-alpha search up to 1 (the defaults before issue 12), and dynamic with static's alpha search
+alpha search up to 1 (the earlier defaults), and dynamic with static's alpha search
 and outlier site (its defaults before they became per mode).
 
     python benchmarks/probe_configs.py [--snli-dir .cache/snli] [--test-pairs all]

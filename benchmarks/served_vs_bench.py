@@ -1,5 +1,5 @@
-"""Served throughput against `squant bench`, interleaved: issue 14's "the server's overhead is
-bounded" (served >= 0.85x of bench at the same model, batch shape and instance layout).
+"""Served throughput against `squant bench`, interleaved: is the server's overhead
+bounded? (served >= 0.85x of bench at the same model, batch shape and instance layout).
 
     python benchmarks/served_vs_bench.py int8/ --texts .cache/snli/snli_1.0_test.jsonl \
         --instances 1 --cores-per-instance 1 --rounds 6 --json served_vs_bench.json

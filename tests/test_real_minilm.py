@@ -77,7 +77,7 @@ def test_defaults_hold_on_the_stress_set(minilm_dir):
     float outlier channels at FFN-out, alpha <= 0.5), 0.983 without the last two, 0.707 for
     all-static calibrated on the sentences alone; dynamic's 0.9962 with its defaults (alpha 0,
     float outlier channels at Q|K|V, FFN-in, FFN-out), 0.9892 with static's alpha and sites
-    (README, issue 12)."""
+    (README)."""
     import sys
 
     import squant

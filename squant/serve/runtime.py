@@ -30,7 +30,7 @@ Attention = Literal["auto", "squant", "sdpa", "model"]
 ATTENTIONS: tuple[Attention, ...] = ("auto", "squant", "sdpa", "model")
 
 # the compile check's inputs: a padded batch of real text (a compile that agreed on full
-# random batches was refused on real weights with padded ones, shared/TARGETS.md), one of
+# random batches was refused on real weights with padded ones), one of
 # them long enough that the attention choice is timed at a served width, not at 10 tokens
 _CHECK_TEXTS = (
     "a man is playing a guitar on the street.",
