@@ -54,7 +54,7 @@ from .attention import (
 )
 from .compiler import CompileConfig, FloatDtype, cast_float_parts
 from .errors import SquantError, first_line
-from .files import atomic_directory, read_json_record
+from .files import atomic_directory, hash_file, read_json_record
 from .hardware import cpu_features
 from .int8 import make_prepack_traceable
 from .mappings import MODEL_INPUT_KEYS, hf_config, input_names
@@ -256,11 +256,7 @@ def _load_kernels(directory: Path, manifest: dict[str, Any]) -> None:
 
 
 def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    return str(hash_file(path, hashlib.sha256()).hexdigest())
 
 
 def _max_positions(model: nn.Module) -> int:

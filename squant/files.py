@@ -316,8 +316,15 @@ def model_sha256(path: str | Path) -> str | None:
     files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in MODEL_FILE_SUFFIXES)
     for file in files:
         digest.update(str(file.relative_to(root)).encode("utf-8", "surrogateescape") + b"\0")
-        with file.open("rb") as f:
-            while block := f.read(1 << 20):
-                digest.update(block)
+        hash_file(file, digest)
         digest.update(b"\0")
     return digest.hexdigest()
+
+
+def hash_file(path: Path, digest: Any) -> Any:
+    """digest updated with the file's bytes, read in 1 MiB blocks (a model need not fit in
+    memory twice); returns digest."""
+    with path.open("rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest
