@@ -280,13 +280,11 @@ def load_exported(directory: str | Path, num_runners: int = 1) -> ExportedModel:
     _load_kernels(directory, manifest)
     from torch._inductor.package import load_package  # type: ignore[attr-defined]
 
-    with _extraction_directory() as extracted:
-        try:
+    try:
+        with _extraction_directory() as extracted:
             runner = load_package(str(directory / PACKAGE), num_runners=num_runners)
-        except Exception as e:  # torch raises RuntimeError/OSError/... with long native traces
-            shutil.rmtree(extracted, ignore_errors=True)
-            message = f"cannot load {directory / PACKAGE}: {first_line(e)[:300]}"
-            raise SquantError(message) from None
+    except Exception as e:  # torch raises RuntimeError/OSError/... with long native traces
+        raise SquantError(f"cannot load {directory / PACKAGE}: {first_line(e)[:300]}") from None
     # torch removes its own extraction when the runner is freed; squant's directory around it
     weakref.finalize(runner, shutil.rmtree, extracted, True)
     return ExportedModel(runner, manifest)
@@ -301,13 +299,17 @@ def _extraction_directory() -> Iterator[str]:
 
     torch's loader extracts the package under the temp directory (TMPDIR) and removes it when
     the runner is destroyed, but not when loading fails: each failed load would leave an
-    aotinductor_* directory behind. Under a directory of squant's own, squant removes it."""
+    aotinductor_* directory behind. Under a directory of squant's own, removed here when the
+    load fails (and by the caller once the loaded runner is freed)."""
     private = tempfile.mkdtemp(prefix="squant-pt2-")
     with _TMPDIR_LOCK:  # the variable is process-wide: one load at a time changes it
         old = os.environ.get("TMPDIR")
         os.environ["TMPDIR"] = private
         try:
             yield private
+        except BaseException:
+            shutil.rmtree(private, ignore_errors=True)
+            raise
         finally:
             if old is None:
                 os.environ.pop("TMPDIR", None)
