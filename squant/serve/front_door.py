@@ -129,14 +129,15 @@ class FrontDoor:
         return bounded.answered or status
 
     def _authorized(self, scope: Scope) -> bool:
-        for key, value in scope.get("headers", ()):
-            if key == b"authorization":
-                scheme, _, token = bytes(value).strip().partition(b" ")
-                # constant time: the comparison must not tell how much of a guess was right
-                return scheme.lower() == b"bearer" and hmac.compare_digest(
-                    token.strip(), self.api_key or b""
-                )
-        return False
+        given = header(scope, b"authorization")
+        if given is None:
+            return False
+        # header() decodes latin-1, so encoding back gives the exact bytes that were sent
+        scheme, _, token = given.encode("latin-1").strip().partition(b" ")
+        # constant time: the comparison must not tell how much of a guess was right
+        return scheme.lower() == b"bearer" and hmac.compare_digest(
+            token.strip(), self.api_key or b""
+        )
 
 
 async def _too_large(send: Send, limit: int) -> None:
