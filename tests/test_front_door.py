@@ -142,17 +142,84 @@ def test_a_real_chunked_100mb_post_gets_413_from_uvicorn_without_being_read(toke
     assert answer == "" or answer.startswith("HTTP/1.1 413"), answer[:200]
 
 
+def _answer(sock: socket.socket, wait_s: float) -> str:
+    """What the server sends before it closes the connection (or wait_s passes)."""
+    sock.settimeout(wait_s)
+    data = b""
+    try:
+        while chunk := sock.recv(4096):
+            data += chunk
+    except (TimeoutError, ConnectionResetError):
+        pass
+    return data.decode("latin-1")
+
+
+def test_headers_that_trickle_in_get_408_and_a_closed_connection(header_deadline_app):
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", header_deadline_app)) as sock:
+        for byte in b"GET /em":  # a byte every 0.05 s, then nothing: never finishing
+            sock.sendall(bytes([byte]))
+            time.sleep(0.05)
+        answer = _answer(sock, 5)
+    assert answer.startswith("HTTP/1.1 408"), answer
+    assert time.monotonic() - started < 4  # the 0.5 s deadline, not the client, ended it
+
+
+def test_a_connection_that_sends_nothing_is_closed_at_the_header_deadline(header_deadline_app):
+    with socket.create_connection(("127.0.0.1", header_deadline_app)) as sock:
+        assert _answer(sock, 5).startswith("HTTP/1.1 408")
+
+
+def test_the_header_deadline_spares_prompt_headers_a_slow_body_and_kept_alive_requests(
+    header_deadline_app,
+):
+    head = (
+        b"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 4\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", header_deadline_app)) as sock:
+        sock.sendall(head)
+        time.sleep(1.0)  # past the header deadline, but the headers were complete
+        sock.sendall(b"abcd")
+        sock.settimeout(5)
+        first = sock.recv(4096).decode("latin-1")
+        assert first.startswith("HTTP/1.1 200"), first
+        time.sleep(0.8)  # idle between requests: uvicorn's keep-alive timer, not ours
+        sock.sendall(head + b"efgh")
+        second = sock.recv(4096).decode("latin-1")
+        assert second.startswith("HTTP/1.1 200"), second
+
+
+def test_the_header_deadline_refuses_a_nonpositive_timeout():
+    from squant.serve.header_deadline import header_deadline_protocol
+
+    with pytest.raises(ValueError, match="header timeout"):
+        header_deadline_protocol(0.0)
+
+
+@pytest.fixture
+def header_deadline_app():
+    from squant.serve.header_deadline import header_deadline_protocol
+
+    yield from _serve(_door(_reading_app, limit=2 * 2**20), http=header_deadline_protocol(0.5))
+
+
 @pytest.fixture
 def tokenizer_free_app():
     """uvicorn serving a FrontDoor over a body-reading app, on a free loopback port."""
+    yield from _serve(_door(_reading_app, limit=2 * 2**20))
+
+
+def _serve(app, **options):
     import uvicorn
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    app = _door(_reading_app, limit=2 * 2**20)
     server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", lifespan="off")
+        uvicorn.Config(
+            app, host="127.0.0.1", port=port, log_level="error", lifespan="off", **options
+        )
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -98,6 +98,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(repeatable; '*' = any; default none)",
     )
     p.add_argument(
+        "--header-timeout",
+        type=positive_float,
+        default=10.0,
+        help="seconds a client may take to send a request's headers before a 408 and close "
+        "(a client trickling them a byte at a time would hold a connection for ever)",
+    )
+    p.add_argument(
         "--access-log",
         action="store_true",
         help="log every request (uvicorn's access log; off by default: it cost ~1.5%% of "
@@ -210,6 +217,7 @@ def run(args: argparse.Namespace) -> None:
 
         from ..serve.app import create_app
         from ..serve.engine import freeze_startup_objects, pin_front_end
+        from ..serve.header_deadline import header_deadline_protocol
     except ImportError as e:
         raise SquantError(
             f"squant serve needs the serve extra: pip install 'squant[serve]' ({e})"
@@ -236,7 +244,13 @@ def run(args: argparse.Namespace) -> None:
     )
     app = create_app(engine, http=http)
     freeze_startup_objects()
-    uvicorn.run(app, host=args.host, port=args.port, access_log=args.access_log)
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        access_log=args.access_log,
+        http=header_deadline_protocol(args.header_timeout),
+    )
 
 
 def _run_ray(args: argparse.Namespace, http: HttpConfig) -> None:
