@@ -29,11 +29,11 @@ def _base_protocol() -> type[asyncio.Protocol]:
     try:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-        return HttpToolsProtocol  # type: ignore[no-any-return]
+        return HttpToolsProtocol
     except ImportError:  # httptools missing: uvicorn's pure-Python parser
         from uvicorn.protocols.http.h11_impl import H11Protocol
 
-        return H11Protocol  # type: ignore[no-any-return]
+        return H11Protocol
 
 
 def header_deadline_protocol(timeout_s: float) -> type[asyncio.Protocol]:
@@ -42,7 +42,7 @@ def header_deadline_protocol(timeout_s: float) -> type[asyncio.Protocol]:
         raise ValueError(f"the header timeout must be > 0, got {timeout_s}")
     base: Any = _base_protocol()
 
-    class HeaderDeadlineProtocol(base):  # type: ignore[misc]
+    class HeaderDeadlineProtocol(base):
         header_timeout_s = timeout_s
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
