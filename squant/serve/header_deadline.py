@@ -42,10 +42,10 @@ def header_deadline_protocol(timeout_s: float) -> type[asyncio.Protocol]:
         raise ValueError(f"the header timeout must be > 0, got {timeout_s}")
     base: Any = _base_protocol()
 
-    class HeaderDeadlineProtocol(base):
+    class HeaderDeadlineProtocol(base):  # type: ignore[misc]
         header_timeout_s = timeout_s
 
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        def connection_made(self, transport: asyncio.Transport) -> None:
             self._header_timer: asyncio.TimerHandle | None = None
             super().connection_made(transport)
             self._arm()
