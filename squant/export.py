@@ -398,7 +398,8 @@ def check_package(path: Path, sha256: str) -> None:
     try:
         with zipfile.ZipFile(path) as z:
             infos = z.infolist()
-    except (zipfile.BadZipFile, OSError) as e:
+    except (zipfile.BadZipFile, OSError, UnicodeDecodeError) as e:
+        # a member name flagged UTF-8 whose bytes are not: zipfile's index reader raises
         raise SquantError(f"{path} is not a valid package ({e})") from None
     if not infos:
         raise SquantError(f"{path} is an empty archive")

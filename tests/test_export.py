@@ -284,3 +284,48 @@ def test_version_2_packages_still_load(exported, tmp_path):
     assert runner.output_names == ("output_0",)
     out = runner(inputs["input_ids"], inputs["attention_mask"])[0]
     torch.testing.assert_close(out, expected, rtol=1e-3, atol=1e-3 * float(expected.abs().max()))
+
+
+def _rename_member_bytes(package, old: bytes, new: bytes, utf8_flag: bool) -> None:
+    """Rewrite a member's name bytes in place (local header and central directory), with the
+    UTF-8 flag (bit 11) set or cleared: what a hand-crafted archive can hold."""
+    import struct
+
+    assert len(old) == len(new)
+    data = bytearray(package.read_bytes())
+    for signature, flag_at in ((b"PK\x03\x04", 6), (b"PK\x01\x02", 8)):
+        start = 0
+        while (at := data.find(signature, start)) >= 0:
+            start = at + 4
+            name_at = at + (30 if signature == b"PK\x03\x04" else 46)
+            if data[name_at : name_at + len(old)] != old:
+                continue
+            data[name_at : name_at + len(old)] = new
+            (flags,) = struct.unpack_from("<H", data, at + flag_at)
+            flags = flags | 0x800 if utf8_flag else flags & ~0x800
+            struct.pack_into("<H", data, at + flag_at, flags)
+    package.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("utf8_flag", [True, False])
+def test_a_member_name_that_is_not_utf8_is_one_clear_error(
+    exported, tmp_path, private_tmp, utf8_flag
+):
+    import zipfile
+
+    deploy = _copy_export(exported, tmp_path)
+    package = deploy / "model.pt2"
+    with zipfile.ZipFile(package) as z:
+        root = z.infolist()[0].filename.split("/")[0]
+    with zipfile.ZipFile(package, "a") as z:
+        z.writestr(f"{root}/extra/AAAA", b"x")
+    _rename_member_bytes(
+        package,
+        f"{root}/extra/AAAA".encode(),
+        f"{root}/extra/\xff\xfe\x80\x81".encode("latin-1"),
+        utf8_flag,
+    )
+    _rehash(deploy)
+    with pytest.raises(SquantError, match=r"not a valid package|unsafe archive member|cannot load"):
+        squant.load_exported(deploy)
+    assert list(private_tmp.iterdir()) == []
