@@ -87,7 +87,53 @@ def _chunks(rows: Iterator[str], size: int) -> Iterator[list[str]]:
         yield chunk
 
 
-def _check_manifest(out: Path, wanted: dict[str, Any]) -> None:
+def _identity(input_path: Path, shard_rows: int, model_name: str) -> dict[str, Any]:
+    """The manifest fields known before the model is loaded."""
+    return {
+        "format_version": FORMAT_VERSION,
+        "input": str(input_path.resolve()),
+        "input_bytes": input_path.stat().st_size,
+        "model": model_name,
+        # the model's content, not just its path: a directory re-quantized in place
+        # must not resume into shards the old weights wrote
+        "model_sha256": model_sha256(model_name) if model_name else None,
+        "shard_rows": shard_rows,
+    }
+
+
+def check_before_loading(
+    input_path: str | Path, out: str | Path, shard_rows: int, model_name: str = ""
+) -> None:
+    """Everything `squant embed` can refuse without the model, checked before minutes of
+    loading and compiling: the input (present, non-empty, its first row a single text), the
+    output (a directory that is not the input or the model, or inside them), and a resume
+    (the manifest's input, model content and shard size match). Changes nothing."""
+    if shard_rows < 1:
+        raise SquantError(f"shard size must be >= 1, got {shard_rows}")
+    input_path, out = Path(input_path), Path(out)
+    if not input_path.is_file():
+        raise SquantError(f"input {input_path} does not exist")
+    if input_path.stat().st_size == 0:
+        raise SquantError(f"input {input_path} is empty: nothing to embed")
+    if out.exists() and not out.is_dir():
+        raise SquantError(f"--out {out} is a file; give a directory for the shards")
+    where = out.resolve()
+    sources = [("the input", input_path)]
+    if model_name and Path(model_name).exists():  # a local directory (not a hub name)
+        sources.append(("the model", Path(model_name)))
+    for name, given in sources:
+        source = given.resolve()
+        if where == source or source in where.parents or where in source.parents:
+            raise SquantError(f"--out {out} overlaps {name} {given}; give another directory")
+    next(read_rows(input_path), None)  # its first row: a wrong format fails now, not later
+    _check_manifest(out, _identity(input_path, shard_rows, model_name), create=False)
+
+
+def _check_manifest(out: Path, wanted: dict[str, Any], create: bool = True) -> None:
+    """Refuse `out` unless it is new, empty, or holds a manifest matching `wanted` (only the
+    fields it names); with create, write the full manifest."""
+    if out.exists() and not out.is_dir():
+        raise SquantError(f"--out {out} is a file; give a directory for the shards")
     path = out / MANIFEST
     if path.is_file():
         try:
@@ -109,6 +155,8 @@ def _check_manifest(out: Path, wanted: dict[str, Any]) -> None:
             )
     elif out.exists() and any(out.iterdir()):
         raise SquantError(f"{out} is not empty and holds no {MANIFEST}; use a new --out")
+    if not create:
+        return
     out.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(wanted, indent=2))
@@ -197,24 +245,12 @@ def write_shards(
         import pyarrow  # noqa: F401
     except ImportError:
         raise SquantError("squant embed writes Parquet: pip install 'squant[data]'") from None
-    if shard_rows < 1:
-        raise SquantError(f"shard size must be >= 1, got {shard_rows}")
     input_path, out = Path(input_path), Path(out)
-    if not input_path.is_file():
-        raise SquantError(f"input {input_path} does not exist")
-    if input_path.stat().st_size == 0:  # before anything is loaded or written
-        raise SquantError(f"input {input_path} is empty: nothing to embed")
+    check_before_loading(input_path, out, shard_rows, model_name)
     _check_manifest(
         out,
         {
-            "format_version": FORMAT_VERSION,
-            "input": str(input_path.resolve()),
-            "input_bytes": input_path.stat().st_size,
-            "model": model_name,
-            # the model's content, not just its path: a directory re-quantized in place
-            # must not resume into shards the old weights wrote
-            "model_sha256": model_sha256(model_name) if model_name else None,
-            "shard_rows": shard_rows,
+            **_identity(input_path, shard_rows, model_name),
             "pooling": pooling,
             "normalize": normalize,
             "truncation": truncation,
@@ -236,20 +272,20 @@ def write_shards(
             bar.update(len(texts))
         pending.clear()
 
-    for k, texts in enumerate(_chunks(read_rows(input_path), shard_rows)):
-        shards += 1
-        rows += len(texts)
-        if _shard_complete(out / f"part-{k:05d}.parquet", len(texts)):
-            skipped += 1
-            bar.update(len(texts))
-            continue
-        pending.append((k, texts))
-        embedded += len(texts)
-        if len(pending) == shards_per_call:
+    with bar:  # closed (its line ended) before an error in the input is printed
+        for k, texts in enumerate(_chunks(read_rows(input_path), shard_rows)):
+            shards += 1
+            rows += len(texts)
+            if _shard_complete(out / f"part-{k:05d}.parquet", len(texts)):
+                skipped += 1
+                bar.update(len(texts))
+                continue
+            pending.append((k, texts))
+            embedded += len(texts)
+            if len(pending) == shards_per_call:
+                flush()
+        if pending:
             flush()
-    if pending:
-        flush()
-    bar.close()
     if dim == 0 and shards:  # every shard was there already: read the width back
         import pyarrow.parquet as pq
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import itertools
 from pathlib import Path
 
 import pytest
@@ -126,3 +127,106 @@ def test_no_invocation_ends_in_a_traceback_or_writes_outside_its_output(inputs, 
 
     one()
     assert len(ran) >= EXAMPLES
+
+
+# Generated invocations on a model that loads: the commands whose work is seconds on a tiny
+# model, each with what keeps it eager and short appended (argparse keeps the last value), so
+# the fuzz reaches loading, calibration, quantization, evaluation and writing outputs.
+MODEL_EXAMPLES = 40
+# per command: what it needs (first, so a generated flag can replace it), and what keeps it
+# eager and short (last: argparse keeps the last value)
+REAL_COMMANDS = {
+    "quantize": (["--calib", "{calib}", "--out", "{out}"], []),
+    "bench": ([], ["--variants", "fp32,static", "--duration", "0.1"]),
+    "eval": (
+        ["--task", "snli", "--data", "{labeled}", "--calib-size", "4"],
+        ["--variants", "fp32,static", "--limit", "8"],
+    ),
+    "analyze": ([], ["--hotspots", "", "--quick"]),
+    "embed": (["--out", "{out}"], ["--runtime", "eager", "--instances", "1"]),
+}
+
+
+def model_invocations(
+    seed: int, count: int, root: Path, models: dict[str, str], data: list[str]
+) -> list[list[str]]:
+    """`count` invocations drawn from a seeded generator: the same ones on every run (so the
+    share that must succeed can be asserted), with values mostly a user's (of the flag's
+    type) and sometimes hostile; hypothesis would shrink towards the first, mostly refused,
+    choices. models: "classifier" and "base"."""
+    import random
+
+    rng = random.Random(seed)
+    paths = [*models.values(), *data, str(root / "missing"), str(root / "out")]
+    names = {"calib": data[0], "labeled": data[-1], "out": str(root / "out"), "text": data[1]}
+    out = []
+    for _ in range(count):
+        name = rng.choice(sorted(REAL_COMMANDS))
+        positionals, options = COMMANDS[name]
+        needs, keeps_short = REAL_COMMANDS[name]
+        kind = "base" if name == "embed" else "classifier"
+        if rng.random() < 0.1:
+            kind = "base" if kind == "classifier" else "classifier"
+        argv = [name, models[kind], *(names["text"] for _ in positionals[1:])]
+        argv += [arg.format(**names) for arg in needs]
+        for action in rng.sample(options, k=rng.randint(0, 3)):
+            flag = rng.choice(action.option_strings)
+            typed = getattr(action.type, "__name__", "")
+            if action.nargs == 0:
+                argv.append(flag)
+            elif action.choices and rng.random() < 0.5:
+                argv += [flag, str(rng.choice(list(action.choices)))]
+            elif rng.random() < 0.8:  # a value a user would pass, so work runs
+                user = ["1", "2"] if "int" in typed else ["0.5", "1"] if "float" in typed else data
+                argv += [flag, rng.choice(user)]
+            else:
+                argv += [flag, rng.choice(VALUES + paths)]
+        out.append(argv + keeps_short)
+    return out
+
+
+def kept(root: Path, tree: dict[str, bytes], given: list[Path]) -> dict[str, bytes]:
+    """tree without what lies at or under a path the invocation was given."""
+
+    def named(path: Path) -> bool:
+        return any(path == g or g in path.parents for g in given)
+
+    return {k: v for k, v in tree.items() if not named((root / k).resolve())}
+
+
+def test_invocations_on_a_loadable_model_end_cleanly(
+    inputs, tiny_checkpoint, base_dir, calib_jsonl, monkeypatch
+):
+    monkeypatch.chdir(inputs)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    models = {"classifier": str(tiny_checkpoint), "base": str(base_dir)}
+    labeled = inputs / "labeled.jsonl"
+    labeled.write_text(
+        '{"sentence1": "a cat sat", "sentence2": "a cat", "label": 0}\n'
+        '{"sentence1": "a dog ran", "sentence2": "a cat", "label": 2}\n' * 80
+    )
+    data = [str(calib_jsonl), str(inputs / "text.txt"), str(inputs / "rows.jsonl"), str(labeled)]
+    watched = [inputs, tiny_checkpoint, base_dir]
+    codes = []
+    for argv in model_invocations(0, MODEL_EXAMPLES, inputs, models, data):
+        before = [_tree(root) for root in watched]
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            code = cli.main(argv)
+        codes.append(code)
+        message = err.getvalue()
+        assert "Traceback" not in message, (argv, message)
+        if code != 0:
+            assert code == 2, (argv, code, message)
+            lines = [line for line in message.splitlines() if line.strip()]
+            assert lines and "error" in lines[-1], (argv, message)
+        # outputs it was given (--out, --json, --png) may appear; nothing else may change
+        given = [
+            Path(v).resolve()
+            for f, v in itertools.pairwise(argv)
+            if f in ("--out", "--json", "--png")
+        ]
+        after = [kept(root, _tree(root), given) for root in watched]
+        before = [kept(root, b, given) for root, b in zip(watched, before, strict=True)]
+        assert after == before, argv
+    assert codes.count(0) >= MODEL_EXAMPLES // 4, codes  # it reached real work, not only errors

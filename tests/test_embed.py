@@ -156,3 +156,49 @@ def test_a_model_changed_in_place_does_not_resume_into_old_shards(engine, base_d
     with pytest.raises(squant.SquantError, match="other model_sha256"):
         embed_file(engine, corpus, out, shard_rows=10, model_name=str(model), progress=False)
     assert len(list(out.glob("part-*.parquet"))) == 2  # nothing was written
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("out-is-input", "is a file"),
+        ("out-inside-model", "overlaps the model"),
+        ("other-shard-rows", "other shard_rows"),
+        ("pairs", "a pair"),
+        ("empty", "is empty"),
+    ],
+)
+def test_embed_refuses_before_loading_the_model(
+    base_dir, tmp_path, monkeypatch, capsys, case, message
+):
+    """What squant embed can refuse without the model it refuses before loading it (a
+    compiled model takes minutes to build): loading here would fail the test."""
+    import squant.serve.loading as loading
+
+    texts = tmp_path / "texts.txt"
+    texts.write_text("a cat\na dog\n")
+    out = tmp_path / "out"
+    args = ["embed", str(base_dir), str(texts), "--out", str(out), "--runtime", "eager"]
+    if case == "other-shard-rows":
+        assert main([*args, "--shard-rows", "1"]) == 0
+        args += ["--shard-rows", "2"]
+    elif case == "out-is-input":
+        args[4] = str(texts)
+    elif case == "out-inside-model":
+        args[4] = str(base_dir / "shards")
+    elif case == "pairs":
+        texts.write_text('{"sentence1": "a", "sentence2": "b"}\n')
+        args[2] = str(texts.rename(tmp_path / "pairs.jsonl"))
+    elif case == "empty":
+        texts.write_text("")
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+
+    def no_loading(*_a, **_k):
+        raise AssertionError("the model was loaded before the refusal")
+
+    monkeypatch.setattr(loading, "engine_for", no_loading)
+    capsys.readouterr()
+    assert main(args) == 2
+    assert message in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+    assert not (base_dir / "shards").exists()

@@ -46,7 +46,7 @@ def roofline_png(gemms: list[Gemm], peaks: Peaks, path: str | Path, title: str) 
     ax.legend()
     path = Path(path)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, format="png")  # the path as given (no ".png" added)
     plt.close(fig)
     return path
 
@@ -63,6 +63,6 @@ def bars_png(values: dict[str, float], path: str | Path, title: str, ylabel: str
     plt.setp(ax.get_xticklabels(), rotation=20, ha="right")
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, format="png")  # the path as given (no ".png" added)
     plt.close(fig)
     return path

@@ -26,7 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="precisions whose compiled model is profiled ('' = none)",
     )
     p.add_argument("--json", default=None)
-    p.add_argument("--png", default="roofline.png", help="roofline plot ('' = none)")
+    p.add_argument("--png", default=None, help="write a roofline plot to this PNG file")
     p.add_argument(
         "--quick",
         action="store_true",

@@ -36,19 +36,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from pathlib import Path
-
-    from ..embed import embed_file, offline_config
+    from ..embed import check_before_loading, embed_file, offline_config
     from ..serve.loading import engine_for
 
-    if not Path(args.input).is_file():  # before minutes of loading
-        from ..errors import SquantError
-
-        raise SquantError(f"input {args.input} does not exist")
-    if Path(args.input).stat().st_size == 0:
-        from ..errors import SquantError
-
-        raise SquantError(f"input {args.input} is empty: nothing to embed")
+    # before minutes of loading and compiling
+    check_before_loading(args.input, args.out, args.shard_rows, str(args.model))
     if args.ray:
         print(_run_on_ray(args).line())
         return
