@@ -967,3 +967,60 @@ def test_tokenize_answers_in_tei_shape(embedder):
     plain = client.post("/tokenize", json={"inputs": "a dog", "add_special_tokens": False}).json()
     assert [t["id"] for t in plain[0]] == [t["id"] for t in rows[1][1:-1]]
     assert not any(t["special"] for t in plain[0])
+
+
+def test_serve_opens_its_port_before_warm_up_and_reports_progress(tiny_checkpoint, monkeypatch):
+    """`squant serve`: the port answers while the engine warms up (503 with how far it got),
+    then 200; a warm-up that fails stops the server with a one-line error."""
+    import socket
+    import threading
+    import time
+
+    import httpx
+    import uvicorn
+
+    from squant.cli import main
+
+    servers, release = [], threading.Event()
+    real_init, real_start = uvicorn.Server.__init__, Engine.start
+
+    def recording_init(self, *a, **k):
+        real_init(self, *a, **k)
+        servers.append(self)
+
+    def slow_start(self, warm=True):
+        self.warm_shapes = (3, 10)
+        assert release.wait(60)
+        real_start(self, warm)
+
+    monkeypatch.setattr(uvicorn.Server, "__init__", recording_init)
+    monkeypatch.setattr(Engine, "start", slow_start)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    codes: list[int] = []
+    args = ["serve", str(tiny_checkpoint), "--port", str(port), "--runtime", "eager"]
+    thread = threading.Thread(target=lambda: codes.append(main(args)), daemon=True)
+    thread.start()
+    url, seen = f"http://127.0.0.1:{port}/ready", []
+    deadline = time.time() + 60
+    while time.time() < deadline and not seen:
+        try:
+            seen.append(httpx.get(url, timeout=2))
+        except httpx.TransportError:
+            time.sleep(0.1)
+    assert seen and seen[0].status_code == 503
+    assert seen[0].json() == {"status": "starting", "warmed_shapes": 3, "shapes": 10}
+    release.set()
+    while time.time() < deadline and httpx.get(url, timeout=2).status_code != 200:
+        time.sleep(0.1)
+    assert httpx.get(url, timeout=2).json() == {"status": "ready"}
+    servers[-1].should_exit = True
+    thread.join(30)
+    assert codes == [0]
+
+    def failing_start(self, warm=True):
+        raise RuntimeError("compiler crashed\nsecond line")
+
+    monkeypatch.setattr(Engine, "start", failing_start)
+    assert main(args) == 2

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import SquantError
+from ..errors import SquantError, first_line
 from ..serve.engine import SERVE_BATCH_TOKENS
 from .common import add_runtime_argument, port_number, positive_float, positive_int, ray_init
 
@@ -216,7 +217,7 @@ def run(args: argparse.Namespace) -> None:
         import uvicorn
 
         from ..serve.app import create_app
-        from ..serve.engine import freeze_startup_objects, pin_front_end
+        from ..serve.engine import freeze_startup_objects, front_end_cores, pin_front_end
         from ..serve.header_deadline import header_deadline_protocol
     except ImportError as e:
         raise SquantError(
@@ -231,26 +232,46 @@ def run(args: argparse.Namespace) -> None:
     if engine.quantize_report is not None:
         print("\n".join(engine.quantize_report.lines()))
     print(
-        f"warming {len(engine.buckets)} shapes (buckets {list(engine.buckets)}) on "
+        f"warming {len(engine.buckets)} length buckets {list(engine.buckets)} on "
         f"{engine.placement.instances} instance(s) x {engine.placement.cores_per_instance} core(s)"
+        "; the port is open meanwhile, /ready answers 503 with progress"
     )
-    engine.start()
-    spare = pin_front_end(engine.placement)
-    used = [list(c) for c in engine.placement.cores]
-    where = "a model process" if engine.remote is not None else "this process"
-    print(
-        f"instances on cores {used} in {where}; HTTP and tokenization on "
-        + (f"cores {list(spare)}" if spare else "the same cores (none left over)")
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(engine, http=http),
+            host=args.host,
+            port=args.port,
+            access_log=args.access_log,
+            http=header_deadline_protocol(args.header_timeout),
+        )
     )
-    app = create_app(engine, http=http)
-    freeze_startup_objects()
-    uvicorn.run(
-        app,
-        host=args.host,
-        port=args.port,
-        access_log=args.access_log,
-        http=header_deadline_protocol(args.header_timeout),
-    )
+    failed: list[BaseException] = []
+    spare = front_end_cores(engine.placement)
+
+    def warm_up() -> None:
+        try:
+            engine.start()
+        except BaseException as e:  # the server cannot serve: stop it, report below
+            failed.append(e)
+            server.should_exit = True
+            return
+        used = [list(c) for c in engine.placement.cores]
+        where = "a model process" if engine.remote is not None else "this process"
+        print(
+            f"ready: instances on cores {used} in {where}; HTTP and tokenization on "
+            + (f"cores {list(spare)}" if spare else "the same cores (none left over)"),
+            flush=True,
+        )
+        freeze_startup_objects()
+
+    # warm-up starts before the front end is pinned, so it keeps every core; the event loop
+    # and the threads it starts later stay on the cores no instance uses
+    warming = threading.Thread(target=warm_up, daemon=True, name="squant-warm-up")
+    warming.start()
+    pin_front_end(engine.placement)
+    server.run()
+    if failed:
+        raise SquantError(f"warm-up failed: {first_line(failed[0])}") from None
 
 
 def _run_ray(args: argparse.Namespace, http: HttpConfig) -> None:

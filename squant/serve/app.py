@@ -396,7 +396,10 @@ def create_app(
     @app.get("/ready")
     def ready() -> JSONResponse:
         state = "ready" if engine.ready else ("draining" if engine.draining else "starting")
-        return JSONResponse({"status": state}, status_code=200 if engine.ready else 503)
+        body: dict[str, Any] = {"status": state}
+        if state == "starting":  # the port opens before warm-up: say how far it got
+            body["warmed_shapes"], body["shapes"] = engine.warm_shapes
+        return JSONResponse(body, status_code=200 if engine.ready else 503)
 
     @app.get("/info")
     def info() -> dict[str, Any]:

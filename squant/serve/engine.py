@@ -364,6 +364,7 @@ class Engine:
         self.trims = 0
         self.ready = False
         self.draining = False
+        self.warm_shapes = (0, 0)  # (warmed, to warm): /ready shows start-up progress
         self.quantize_report: Any = None  # set when the model was quantized at start-up
         # a base model embeds; one with a head predicts (packaged models state their class)
         self.model_class = str(getattr(model, "model_class", type(model).__name__))
@@ -692,17 +693,28 @@ class Engine:
             limit_malloc_arenas(self.config.malloc_arenas)
         if warm:
             torch.set_num_threads(self.placement.cores_per_instance)
-            for width in self.buckets:
-                most = min(
-                    self.config.max_batch_requests, max(1, self.config.max_batch_tokens // width)
+            # batch 1 and the largest batch: a compiled runner specializes size 1 apart
+            # from the dynamic graph, so both are built now, not under traffic
+            shapes = [
+                (width, n)
+                for width in self.buckets
+                for n in sorted(
+                    {
+                        1,
+                        min(
+                            self.config.max_batch_requests,
+                            max(1, self.config.max_batch_tokens // width),
+                        ),
+                    }
                 )
-                # batch 1 and the largest batch: a compiled runner specializes size 1 apart
-                # from the dynamic graph, so both are built now, not under traffic
-                for n in sorted({1, most}):
-                    filler = [_Sequence([0] * width, None, width, float("inf")) for _ in range(n)]
-                    for s in filler:
-                        s.future.set_running_or_notify_cancel()
-                    self._run(filler)
+            ]
+            for k, (width, n) in enumerate(shapes):
+                self.warm_shapes = (k, len(shapes))
+                filler = [_Sequence([0] * width, None, width, float("inf")) for _ in range(n)]
+                for s in filler:
+                    s.future.set_running_or_notify_cancel()
+                self._run(filler)
+            self.warm_shapes = (len(shapes), len(shapes))
             self.stats = Stats()  # warm-up is not traffic
             self._tokens_per_s = None  # nor is its speed (first calls may compile)
             # every shape the batcher can send is warm: from here on a call that would compile
@@ -713,6 +725,9 @@ class Engine:
             t.start()
             self._workers.append(t)
         self.ready = True
+
+    def _largest_batch(self, width: int) -> int:
+        return min(self.config.max_batch_requests, max(1, self.config.max_batch_tokens // width))
 
     def seal(self) -> None:
         """No compiling from now on (CompiledEncoder.seal), in this process or the model's."""
