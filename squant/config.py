@@ -20,8 +20,9 @@ ATTENTION_KINDS: tuple[str, ...] = ("auto", "float", "int8")
 MAX_OUTLIER_CHANNELS = 64
 
 # What `alpha` and `outlier_sites` mean when left at None: each mode's best worst-case on real
-# all-MiniLM-L6-v2 (benchmarks/stress.py; README "Static INT8 on every input"). Static keeps
-# the searched alpha and one float-outlier site (FFN-out), at no measurable latency. Dynamic
+# all-MiniLM-L6-v2 (benchmarks/stress.py; docs/quantization.md, "Static INT8 that holds on
+# unusual inputs"). Static keeps the searched alpha and one float-outlier site (FFN-out), at
+# no measurable latency. Dynamic
 # quantizes every token with its own scale, so smoothing only has channel outliers left to
 # fix, and the float outlier channels fix those exactly: alpha 0 with them at Q|K|V, FFN-in
 # and FFN-out held every stress input at >= 0.996, where the searched alpha with FFN-out only

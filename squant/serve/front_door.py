@@ -2,7 +2,7 @@
 
 Under overload the work a server spends on the requests it turns away decides how it
 recovers: on one core, parsing and validating an 8-sentence JSON body only to answer 429
-kept the event loop behind by seconds after a 3x burst had ended (README, overload). Here
+kept the event loop behind by seconds after a 3x burst had ended (docs/serving.md, overload). Here
 a refusal (429 while the engine's queue is over its time limit or too many requests are in
 flight, 413 for a declared body over the limit) is a few dozen bytes written from the
 headers alone. It is pure ASGI (no BaseHTTPMiddleware task per request), and it counts

@@ -7,7 +7,7 @@ Why: the compiled model's forward releases the GIL, but takes it back for moment
 call (the C++ wrapper frees tensors that have Python objects: inputs, inductor's constants).
 Each time, it waits for whichever thread holds it: in one process, the HTTP front end, JSON
 and tokenization. Beside a Python thread holding the GIL ~30% of the time on another core the
-model ran at 0.89x its speed (README, served vs bench). Here the front end (uvicorn, the
+model ran at 0.89x its speed (docs/serving.md, served vs bench). Here the front end (uvicorn, the
 Engine's queue and batching) stays in the server process; a child process holds the one copy
 of the model, and one thread per instance, each pinned to its cores with its own OpenMP
 team, as the Engine's workers are in-process. A batch crosses a pipe as three small int64

@@ -7,7 +7,7 @@ all-MiniLM-L6-v2 static INT8, one AVX2 core, the compiled model ran 1.22-1.44x t
 at batch 1-8 x 32-64 tokens and 1.8x at 16 x 128, and one dynamic graph ran as fast as graphs
 compiled per shape. Serving does too: on an AVX512-VNNI core the compiled server answered
 1.27x the eager one's requests/s at peak and 1.9x in a 3x overload burst, and was back to its
-pre-burst p99 within 2 s (README, "Serving"; the "no recovery" measured before was the load
+pre-burst p99 within 2 s (docs/serving.md; the "no recovery" measured before was the load
 generator's HTTP client). Float checkpoints stay eager under "auto" (compiling FP32 gained
 1.03x here).
 """
@@ -75,7 +75,7 @@ def compiled_runner(
         # while it computes: a Python thread on another core ran at 0.62-0.72x its speed
         # beside it (eager: 0.92-1.28x; C++ wrapper: 0.88-0.89x), at the same model speed.
         # (It did not cure the slow recovery after an overload burst: that happened with
-        # either wrapper, README "Serving".)
+        # either wrapper, docs/serving.md.)
         config = CompileConfig(dynamic=True, cpp_wrapper=True, attention=attention)
         compiled = squant_compile(model, config, example_inputs=model_inputs(model, example))
     except Exception as e:  # inductor can fail in many ways (a C++ compiler missing, ...)

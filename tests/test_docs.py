@@ -1,0 +1,38 @@
+"""The README is a front door and docs/ the reference: links that resolve, every page in
+the site's navigation, no page that speaks of the project's own history."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]
+LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_resolves(page):
+    for target in LINK.findall(page.read_text(encoding="utf-8")):
+        if "://" in target or target.startswith("mailto:"):
+            continue
+        assert (page.parent / target).exists(), f"{page.name}: broken link {target}"
+
+
+def test_every_docs_page_is_in_the_site_navigation():
+    nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    for page in (ROOT / "docs").glob("*.md"):
+        assert f": {page.name}" in nav, f"{page.name} is missing from mkdocs.yml nav"
+
+
+def test_the_readme_is_a_front_door():
+    assert len((ROOT / "README.md").read_text(encoding="utf-8").splitlines()) <= 200
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_pages_speak_of_the_product_not_its_history(page):
+    text = page.read_text(encoding="utf-8")
+    for pattern in (r"\bstop \d+\b", r"\bissue \d+\b", r"TARGETS\.md", r"\bthis stop\b"):
+        assert not re.search(pattern, text, flags=re.I), f"{page.name}: {pattern}"
