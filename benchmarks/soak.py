@@ -31,23 +31,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.http1 import Http1Pool, HTTPError
-from benchmarks.load import read_pool
+from benchmarks.load import read_pool, wait_ready
 from squant.provenance import provenance
 from squant.report import format_table
-
-
-def wait_ready(url: str, timeout_s: float) -> float:
-    """Seconds until GET /ready answered 200."""
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout_s:
-        try:
-            with urllib.request.urlopen(f"{url}/ready", timeout=5) as r:
-                if r.status_code == 200:
-                    return time.monotonic() - t0
-        except OSError:
-            pass
-        time.sleep(0.25)
-    raise SystemExit(f"{url} not ready after {timeout_s:.0f} s")
 
 
 def metric(url: str, name: str) -> float:
@@ -127,7 +113,9 @@ def main() -> None:
     args = p.parse_args()
     server = subprocess.Popen(shlex.split(args.serve)) if args.serve else None
     try:
-        ready_s = wait_ready(args.url, 900)
+        t0 = time.monotonic()
+        wait_ready(args.url, 900.0)
+        ready_s = time.monotonic() - t0
         refused_before = metric(args.url, "squant_refused_recompiles_total")
         result = asyncio.run(soak(args, read_pool(args.texts, 2000, args.seed)))
         result["ready_s"] = round(ready_s, 1) if server else None

@@ -2,6 +2,7 @@
 FastAPI's in-process test client)."""
 
 import concurrent.futures
+import math
 import os
 import threading
 from typing import Any
@@ -1024,3 +1025,43 @@ def test_serve_opens_its_port_before_warm_up_and_reports_progress(tiny_checkpoin
 
     monkeypatch.setattr(Engine, "start", failing_start)
     assert main(args) == 2
+
+
+@pytest.fixture(scope="module")
+def cross_encoder(tokenizer):
+    """A cross-encoder: a sequence classifier with one output (what /rerank serves)."""
+    model = tiny_model("bert", "sequence-classification", vocab_size=len(tokenizer), num_labels=1)
+    q = squant.quantize(model, calibration=_calib(model), progress=False)
+    engine = Engine(q, tokenizer, ServeConfig(instances=1, cores_per_instance=1))
+    engine.start(warm=False)
+    yield engine, TestClient(create_app(engine, "tiny-rerank"))
+    engine.stop(1.0)
+
+
+def test_rerank_scores_each_pair_best_first_as_tei_does(cross_encoder):
+    engine, client = cross_encoder
+    query, texts = "the cat sat", ["a dog runs", "the cat sat on the mat", "red car", ""]
+    r = client.post("/rerank", json={"query": query, "texts": texts, "return_text": True})
+    assert r.status_code == 200, r.text
+    ranked = r.json()
+    assert sorted(x["index"] for x in ranked) == [0, 1, 2, 3]
+    scores = [x["score"] for x in ranked]
+    assert scores == sorted(scores, reverse=True) and all(0 < s < 1 for s in scores)
+    assert all(x["text"] == texts[x["index"]] for x in ranked)
+    # each score is the model's own on that pair alone, through the sigmoid
+    for x in ranked:
+        enc = engine.tokenizer([query], [texts[x["index"]]], return_tensors="pt")
+        with torch.no_grad():
+            logit = float(engine.model(**enc).logits[0, 0])
+        assert abs(x["score"] - 1 / (1 + math.exp(-logit))) < 2e-3
+    raw = client.post("/rerank", json={"query": query, "texts": texts, "raw_scores": True}).json()
+    assert "text" not in raw[0]  # only with return_text
+    for x, s in zip(raw, ranked, strict=True):  # the logits, in the same order
+        assert x["index"] == s["index"] and abs(1 / (1 + math.exp(-x["score"])) - s["score"]) < 1e-6
+    assert client.post("/rerank", json={"query": query, "texts": []}).status_code == 400
+
+
+def test_rerank_on_a_model_that_is_not_a_cross_encoder_names_the_right_route(classifier, embedder):
+    for _, client in (classifier, embedder):
+        r = client.post("/rerank", json={"query": "a", "texts": ["b"]})
+        assert r.status_code == 422 and r.json()["error_type"] == "wrong_route", r.text

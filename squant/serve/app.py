@@ -5,7 +5,10 @@
     POST /v1/embeddings    {"input": str | [str], "model": str?}  (OpenAI; usage counts tokens)
     POST /predict          {"inputs": str | [str, str] | [str | [str, str]]}
                            -> [[{"label", "score"}]] per input, best first (TEI)
-    POST /tokenize         {"inputs": str | [str]} -> [[int]]
+    POST /rerank           {"query": str, "texts": [str], "raw_scores"?, "return_text"?}
+                           -> [{"index", "score", "text"?}] best first (TEI; cross-encoders)
+    POST /tokenize         {"inputs": str | [str]} -> per input, [{id, text, special, start,
+                           stop}] (TEI)
     POST /                 TEI's root: /embed's body and answer for a base model, /predict's
                            for a classifier (huggingface_hub's InferenceClient posts here)
     GET  /v1/models        OpenAI's model list (the one model served)
@@ -50,7 +53,7 @@ from .front_door import FrontDoor
 
 MAX_BODY_BYTES = 2 * 2**20
 # the routes that queue inference work: refused at the front door while overloaded
-INFERENCE_ROUTES = frozenset({"/", "/embed", "/v1/embeddings", "/predict"})
+INFERENCE_ROUTES = frozenset({"/", "/embed", "/v1/embeddings", "/predict", "/rerank"})
 # requests this short are tokenized on the event loop (~35-60 us a sentence): handing them to
 # a tokenizer thread cost more in thread wake-ups on the core the model shares. Longer ones
 # go to the threads, so one big request cannot stall the loop for others.
@@ -74,6 +77,16 @@ class OpenAIEmbeddingRequest(BaseModel):
 
 class PredictRequest(BaseModel):
     inputs: str | list[str | list[str]]
+    truncate: bool = True
+
+
+class RerankRequest(BaseModel):
+    """TEI's /rerank body: the query scored against each text by a cross-encoder."""
+
+    query: str
+    texts: list[str]
+    raw_scores: bool = False
+    return_text: bool = False
     truncate: bool = True
 
 
@@ -343,6 +356,29 @@ def create_app(
             probs /= probs.sum()
             order = np.argsort(-probs, kind="stable").tolist()
             out.append([{"label": labels.get(i, str(i)), "score": float(probs[i])} for i in order])
+        return out
+
+    @app.post("/rerank")
+    async def rerank(body: RerankRequest) -> list[dict[str, Any]]:
+        """TEI's /rerank: each (query, text) pair through a cross-encoder (a sequence
+        classifier with one output), best first; scores are sigmoid(logit) unless raw_scores."""
+        _need("predict")
+        labels = int(getattr(hf_config(engine.model), "num_labels", 0) or 0)
+        if labels != 1:
+            raise ApiError(
+                422,
+                f"/rerank needs a cross-encoder (a classifier with one output); this model has "
+                f"{labels} labels: use /predict",
+                "wrong_route",
+            )
+        rows, _ = await _run(_checked([(body.query, t) for t in body.texts]), body.truncate)
+        logits = [float(r.reshape(-1)[0]) for r in rows]
+        scores = logits if body.raw_scores else [float(1 / (1 + np.exp(-x))) for x in logits]
+        out: list[dict[str, Any]] = []
+        for i in sorted(range(len(scores)), key=lambda i: -scores[i]):
+            out.append({"index": i, "score": scores[i]})
+            if body.return_text:
+                out[-1]["text"] = body.texts[i]
         return out
 
     @app.post("/")

@@ -398,8 +398,16 @@ class Engine:
         tok = self._tokenizer()
         out = []
         for t in texts:
-            a, b = t if isinstance(t, tuple) else (t, None)
-            enc = tok(a, b, truncation=truncate, max_length=self.max_length if truncate else None)
+            limit = self.max_length if truncate else None
+            if isinstance(t, tuple):
+                # as a batch of one: called with one pair, the tokenizer drops an empty second
+                # text ("" is falsy there) and encodes a single text without its [SEP]
+                enc = {
+                    k: v[0]
+                    for k, v in tok([t[0]], [t[1]], truncation=truncate, max_length=limit).items()
+                }
+            else:
+                enc = tok(t, truncation=truncate, max_length=limit)
             ids = list(enc["input_ids"])
             if len(ids) > self.max_length:
                 raise ValueError(
