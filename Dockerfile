@@ -22,7 +22,7 @@ RUN pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu 
 RUN useradd --create-home --uid 10001 squant
 USER squant
 # built kernels and compiled code are cached here; mount a volume to keep them across restarts
-ENV SQUANT_KERNEL_CACHE=/home/squant/.cache/squant/kernels \
+ENV SQUANT_CACHE=/home/squant/.cache/squant \
     TORCHINDUCTOR_CACHE_DIR=/home/squant/.cache/inductor
 EXPOSE 8080
 # /ready is 200 once every shape is warm (503 before): minutes for a quantized directory that

@@ -11,7 +11,6 @@ from the probe's pairs and never from the test set.
 from __future__ import annotations
 
 import hashlib
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..cache import cache_root
 from ..data import tokenize
 from ..errors import SquantError
 from ..mappings import max_positions
@@ -44,10 +44,6 @@ class ProbeSettings:
     calib_sentences: int = 512
     max_length: int = 128
     batch_size: int = 128
-
-
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("SQUANT_CACHE", Path.home() / ".cache" / "squant"))
 
 
 def _cache_key(*parts: Any) -> str:
@@ -99,7 +95,7 @@ def prepare_probe(
         tok, calib_texts[: s.calib_sentences], 32, s.max_length, max_positions(model)
     )
 
-    cache = (cache_dir or default_cache_dir()) / "probe"
+    cache = (cache_dir or cache_root()) / "probe"
     key = _cache_key(Path(model_dir), Path(train), s.train_pairs, s.max_length, "v1")
     cached = cache / f"train-features-{key}.pt"
     if cached.is_file():

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from ..cache import cache_root
 from ..errors import SquantError
 
 SOURCES = ("int8_attention.cpp",)
@@ -32,12 +33,10 @@ LIBRARY_NAME = "squant_kernels"
 CFLAGS = ("-O3", "-std=c++17", "-fno-math-errno", "-fopenmp")
 
 
-def cache_root() -> Path:
-    """Where built kernels live: $SQUANT_KERNEL_CACHE, else ~/.cache/squant/kernels."""
+def kernel_cache() -> Path:
+    """Where built kernels live: $SQUANT_KERNEL_CACHE, else kernels/ under squant's cache."""
     env = os.environ.get("SQUANT_KERNEL_CACHE")
-    if env:
-        return Path(env)
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "squant" / "kernels"
+    return Path(env) if env else cache_root() / "kernels"
 
 
 def _source_paths() -> list[Path]:
@@ -78,7 +77,7 @@ def _compiler() -> str | None:
 @functools.cache
 def library_path() -> Path:
     """Build (once per build_key) and load the kernel library; returns its path."""
-    return load_or_build(cache_root())
+    return load_or_build(kernel_cache())
 
 
 def registered() -> bool:
