@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from ..cache import cache_root
-from ..errors import SquantError
+from ..errors import SquantError, first_line
 
 SOURCES = ("int8_attention.cpp",)
 LIBRARY_NAME = "squant_kernels"
@@ -126,8 +126,9 @@ def load_or_build(root: Path) -> Path:
                 verbose=False,
             )
     except (RuntimeError, OSError, ImportError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise SquantError(f"building squant's C++ kernels in {directory} failed: {first}") from exc
+        raise SquantError(
+            f"building squant's C++ kernels in {directory} failed: {first_line(exc)}"
+        ) from exc
     return built
 
 

@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from ..bench.runner import plan
-from ..errors import SquantError
+from ..errors import SquantError, first_line
 
 # loading and compiling a model takes seconds to minutes; a child silent for this long is hung
 START_TIMEOUT_S = 1800.0
@@ -68,7 +68,7 @@ def _child_main(path: str, config: Any, pooling_from: str | None, conns: list[Co
             limit_malloc_arenas(config.malloc_arenas)
         engine = engine_for(path, dataclasses.replace(config, model_process=False), pooling_from)
     except BaseException as e:  # told to the parent, which raises it as a SquantError
-        conns[0].send(("error", f"{type(e).__name__}: {e}".splitlines()[0][:500]))
+        conns[0].send(("error", f"{type(e).__name__}: {first_line(e)}"[:500]))
         return
     conns[0].send(("ready", describe(engine.model)))
     threads = [

@@ -20,7 +20,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from ..errors import SquantError
+from ..errors import SquantError, first_line
 from ..mappings import model_inputs
 from ..record import record_of
 
@@ -79,7 +79,7 @@ def compiled_runner(
         config = CompileConfig(dynamic=True, cpp_wrapper=True, attention=attention)
         compiled = squant_compile(model, config, example_inputs=model_inputs(model, example))
     except Exception as e:  # inductor can fail in many ways (a C++ compiler missing, ...)
-        reason = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+        reason = f"{type(e).__name__}: {first_line(e)}"[:300]
         if required:
             raise SquantError(f"--runtime compiled: compiling the model failed ({reason})") from e
         warnings.warn(f"serving eagerly: compiling the model failed ({reason})", stacklevel=2)
