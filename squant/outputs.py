@@ -41,3 +41,10 @@ class NamedOutputs(dict[str, Tensor]):
             return self[name]
         except KeyError:
             raise AttributeError(f"no output {name!r} (the model has {list(self)})") from None
+
+
+def mean_pool(hidden: Tensor, attention_mask: Tensor) -> Tensor:
+    """[batch, seq, dim] -> [batch, dim]: the mean over each row's real tokens (padding
+    excluded; an all-padding row gives zeros), in float32."""
+    mask = attention_mask.unsqueeze(-1).float()
+    return (hidden.float() * mask).sum(1) / mask.sum(1).clamp(min=1.0)

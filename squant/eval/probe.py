@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from ..mappings import model_inputs
+from ..outputs import mean_pool
 
 
 @torch.no_grad()
@@ -46,9 +47,8 @@ def embed(
             max_length=max_length,
             return_tensors="pt",
         )
-        hidden = last_hidden_state(model, model_inputs(model, enc)).float()
-        mask = enc["attention_mask"].unsqueeze(-1).float()
-        pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+        hidden = last_hidden_state(model, model_inputs(model, enc))
+        pooled = mean_pool(hidden, enc["attention_mask"])
         if normalize:
             pooled = nn.functional.normalize(pooled, dim=-1)
         if out is None:

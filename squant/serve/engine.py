@@ -43,6 +43,7 @@ from ..bench.runner import Placement, plan
 from ..errors import SquantError
 from ..mappings import max_positions, model_inputs
 from ..monitor import RangeMonitor
+from ..outputs import mean_pool
 from .runtime import ATTENTIONS, RUNTIMES, Attention, Runtime
 
 BUCKETS = (16, 32, 64, 128, 256, 512)
@@ -670,11 +671,10 @@ class Engine:
             out = self.runner(**model_inputs(self.model, inputs))
             if self.task != "embed":
                 return out.logits.float()
-            h = out.last_hidden_state.float()
+            h = out.last_hidden_state
             if self.pooling == "cls":
-                return h[:, 0]
-            m = mask_t.unsqueeze(-1).float()
-            return (h * m).sum(1) / m.sum(1).clamp(min=1.0)
+                return h[:, 0].float()
+            return mean_pool(h, mask_t)
 
     def _worker(self, index: int) -> None:
         # with a model process this thread only waits on its pipe: it stays off the
