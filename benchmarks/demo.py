@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 from pathlib import Path
 
 import torch
 
 from squant.eval.probe_eval import ProbeSettings, evaluate_probe
+from squant.provenance import provenance
 from squant.report import format_table
 
 
@@ -102,8 +102,8 @@ def main() -> None:
     )
     if args.speed_rounds > 0:
         result["speed"] = deployed_speed(args)
-    result["machine"] = {"cpu": platform.processor() or platform.machine(), "threads": args.threads}
-    result["versions"] = {"torch": torch.__version__}
+    result["threads"] = args.threads
+    result["provenance"] = provenance()
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2))
     print(f"JSON: {args.json}")

@@ -40,7 +40,7 @@ from competitors import (
 from squant.bench.configs import random_inputs, random_model
 from squant.hardware import cpu_features
 from squant.outputs import first_tensor
-from squant.provenance import commit, versions
+from squant.provenance import provenance
 from squant.report import format_table
 from squant.timing import summarize
 from squant.variants import BuildContext, build
@@ -305,14 +305,11 @@ def main() -> None:
         print_table(name, weights, rows, args)
     record = {
         "benchmark": "speed (interleaved rounds, one process)",
-        "command": " ".join(["python", *sys.argv]),
-        "commit": commit(),
+        "provenance": provenance(["python", *sys.argv]),
         "batch": args.batch,
         "seq": args.seq,
         "threads": args.threads,
         "rounds": args.rounds,
-        "versions": versions(),
-        "hardware": cpu_features().to_dict(),
         "results": results,
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
