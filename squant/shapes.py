@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from .errors import SquantError
+from .mappings import max_positions
 from .outputs import NamedOutputs, named_tensors
 from .record import QuantizationRecord, record_of
 
@@ -132,3 +133,25 @@ class PaddedShapes(nn.Module):
         if len(parts) == 1:
             return NamedOutputs(parts[0])
         return NamedOutputs({k: torch.cat([p[k] for p in parts]) for k in parts[0]})
+
+
+# the sequence length a measurement uses when none is given (fewer where the model has fewer
+# positions)
+DEFAULT_SEQ = 256
+# tokens per measured batch: beyond this a "size" is a typo that would try to allocate GBs
+MAX_BATCH_TOKENS = 1 << 20
+
+
+def fitted_shape(model: Any, batch: int, seq: int | None) -> tuple[int, int]:
+    """A measured shape (--batch, --seq) checked against the model before anything is built:
+    seq defaults to DEFAULT_SEQ or the model's positions, whichever is fewer; more than the
+    model's positions, or a batch beyond MAX_BATCH_TOKENS tokens, is a one-line error."""
+    positions = max_positions(model)
+    seq = min(DEFAULT_SEQ, positions) if seq is None else seq
+    if seq > positions:
+        raise SquantError(f"--seq {seq} exceeds the model's {positions} positions")
+    if batch * seq > MAX_BATCH_TOKENS:
+        raise SquantError(
+            f"--batch {batch} x --seq {seq} is {batch * seq} tokens; at most {MAX_BATCH_TOKENS}"
+        )
+    return batch, seq

@@ -11,10 +11,9 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from ..errors import SquantError
 from ..hardware import cpu_features
-from ..mappings import max_positions
 from ..report import format_table
+from ..shapes import fitted_shape
 from ..variants import BuildContext, build, parse_variants
 from . import runner
 from .configs import random_calibration, random_inputs
@@ -113,8 +112,7 @@ def bench_variants(
     values), then run it on every instance of `placement` for duration_s; with several
     instances, the last variant is also run on one to show the memory they share."""
     names = [v.name for v in parse_variants(variants)]
-    if seq > max_positions(model):
-        raise SquantError(f"--seq {seq} exceeds the model's {max_positions(model)} positions")
+    batch, seq = fitted_shape(model, batch, seq)
     inputs = random_inputs(model, batch, seq)
     calibration = random_calibration(model, seq=min(seq, 128))
     report = BenchReport(name, weights, batch, seq, placement, duration_s, {})

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .common import checked_threads, fitted_shape, load_any, positive_int
+from ..shapes import fitted_shape
+from .common import checked_threads, load_any, positive_int
 
 HELP = "hardware ceilings, roofline and hotspots of a model"
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from .common import fitted_shape, load_any, positive_float, positive_int
+from ..shapes import fitted_shape
+from .common import load_any, positive_float, positive_int
 
 HELP = "throughput/latency of variants, multi-instance"
 

@@ -119,29 +119,6 @@ def load_any(name: str) -> Any:
     return random_model(name) if is_builtin(name) else load_model(name, task="base")
 
 
-DEFAULT_SEQ = 256
-# tokens per measured batch: beyond this a "size" is a typo that would try to allocate GBs
-MAX_BATCH_TOKENS = 1 << 20
-
-
-def fitted_shape(model: Any, batch: int, seq: int | None) -> tuple[int, int]:
-    """--batch and --seq checked against the model before anything is built: seq defaults to
-    DEFAULT_SEQ or the model's positions, whichever is fewer; more than the model's positions,
-    or a batch beyond MAX_BATCH_TOKENS tokens, is a one-line error."""
-    from ..errors import SquantError
-    from ..mappings import max_positions
-
-    positions = max_positions(model)
-    seq = min(DEFAULT_SEQ, positions) if seq is None else seq
-    if seq > positions:
-        raise SquantError(f"--seq {seq} exceeds the model's {positions} positions")
-    if batch * seq > MAX_BATCH_TOKENS:
-        raise SquantError(
-            f"--batch {batch} x --seq {seq} is {batch * seq} tokens; at most {MAX_BATCH_TOKENS}"
-        )
-    return batch, seq
-
-
 def checked_threads(threads: int | None) -> int | None:
     """--threads: at most this process's CPUs (more only adds threads that wait)."""
     from ..errors import SquantError
