@@ -5,7 +5,8 @@ from .compiler import CompileConfig, compile
 from .config import SmoothQuantConfig
 from .errors import SquantError
 from .export import ExportConfig, export, load_exported, load_packaged
-from .quantize import quantize, smooth
+from .quantize import smooth
+from .quantize_api import quantize
 from .serialization import load, save
 from .version import __version__ as __version__
 

@@ -29,7 +29,7 @@ from .config import SmoothQuantConfig
 from .errors import SquantError
 from .mappings import max_positions, model_inputs
 from .outputs import first_tensor
-from .quantize import quantize
+from .quantize_api import quantize
 from .record import Coverage, record_of
 
 

@@ -40,7 +40,6 @@ from .errors import SquantError
 from .mappings import EncoderLayout, fusable_activation, layout_for, linear_at
 from .qlinear import QuantLinear, SmoothedLinear
 from .record import Coverage, LinearRecord, QuantizationRecord
-from .sentence_transformer import is_sentence_transformer
 from .smooth import ALPHA_GRID, search_alpha, smoothing_factors, weight_channel_absmax
 
 
@@ -293,7 +292,7 @@ def _pin_source_path(model: nn.Module) -> None:
         config._name_or_path = str(Path(source).resolve())  # type: ignore[union-attr]
 
 
-def quantize(
+def quantize_encoder(
     model: nn.Module,
     config: SmoothQuantConfig | None = None,
     calibration: Iterable[Any] | None = None,
@@ -306,14 +305,9 @@ def quantize(
 
     calibration: an iterable of tokenizer outputs (dicts with input_ids, attention_mask, ...)
     or input_ids tensors; a few dozen sentences of the target domain are enough.
-    A sentence-transformers model is accepted too (its transformer is quantized, the rest
-    kept; calibration may then be plain texts): see sentence_transformer.py.
+    (squant.quantize takes sentence-transformers models too: squant/quantize_api.py.)
     """
     config = config or SmoothQuantConfig()
-    if is_sentence_transformer(model):  # its HF model is quantized; pooling etc. kept
-        from . import sentence_transformer
-
-        return sentence_transformer.quantize(model, config, calibration, inplace, progress)
     if not int8.onednn_available():
         raise SquantError("this PyTorch build has no oneDNN (mkldnn): squant needs an x86-64 CPU")
     model, layout, sites, batches = _prepare(model, calibration, config.exclude, inplace)

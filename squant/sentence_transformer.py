@@ -180,14 +180,14 @@ def quantize(st: Any, config: Any, calibration: Any, inplace: bool, progress: bo
     coverage inputs, as `squant quantize` does) besides tokenizer outputs."""
     from .data import tokenize
     from .mappings import max_positions
-    from .quantize import quantize as quantize_model
+    from .quantize import quantize_encoder
 
     inner = inner_model(st)
     items = list(calibration) if calibration is not None else []
     if items and all(isinstance(t, str) for t in items):
         limit = min(max_positions(inner), st.max_seq_length or max_positions(inner))
         items = tokenize(st.tokenizer, items, 16, min(128, limit), coverage_length=limit)
-    q = quantize_model(inner, config, items, inplace=inplace, progress=progress)
+    q = quantize_encoder(inner, config, items, inplace=inplace, progress=progress)
     if inplace:
         _set_inner(st, q)
         return st

@@ -30,7 +30,8 @@ from .eval.metrics import relative_loss
 from .eval.task import Task
 from .outputs import first_tensor
 from .qlinear import QuantLinear
-from .quantize import quantize, smooth
+from .quantize import smooth
+from .quantize_api import quantize
 from .record import record_of
 from .report import format_table
 

@@ -104,7 +104,7 @@ class BuildContext:
 
 def _quantized(variant: Variant, model: nn.Module, ctx: BuildContext) -> nn.Module:
     from .config import SmoothQuantConfig
-    from .quantize import quantize
+    from .quantize_api import quantize
 
     if not ctx.calibration and variant.precision == "static":
         raise SquantError(f"variant {variant.name} needs calibration batches")

@@ -1,18 +1,15 @@
 """The model behind an engine, from whatever directory a user has: a deploy directory from
 `squant export` (its AOTInductor package), a directory from `squant quantize` / `squant.save`
 (a sentence-transformers one serves its inner model with its own pooling), or a float
-Hugging Face checkpoint. Shared by `squant serve` and `squant embed`."""
+Hugging Face checkpoint, run in this process (local_engine.py) or in a model process of its
+own (model_process.py). Shared by `squant serve` and `squant embed`."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
-
-from torch import nn
 
 from ..errors import SquantError
 from .engine import Engine, ServeConfig, sentence_settings, stated_length
-from .runtime import compiled_runner, wants_compiled
 
 
 def truncation_stated(path: str | Path, pooling_from: str | Path | None = None) -> int | None:
@@ -34,19 +31,14 @@ def engine_for(
     float checkpoint with at start-up (static INT8, squant's defaults; the report is kept as
     engine.quantize_report); without it a float checkpoint is served in FP32.
     config.runtime decides whether the model is compiled first (serve/runtime.py)."""
-    from ..bench.runner import plan
-    from ..export import MANIFEST, load_packaged
-    from ..models import load_model, load_tokenizer
-    from ..sentence_transformer import inner_model, is_sentence_transformer
-    from ..serialization import CONFIG_FILE, load
-    from ..shapes import PaddedShapes
+    from ..export import MANIFEST
+    from ..models import load_tokenizer
+    from .local_engine import local_engine
 
     path = Path(path)
     if pooling_from is not None and not Path(pooling_from).is_dir():
         raise SquantError(f"--pooling-from {pooling_from} is not a directory")
-    tokenizer = load_tokenizer(path)
     packaged = (path / MANIFEST).is_file()  # a deploy directory: already compiled
-    already = packaged or (path / CONFIG_FILE).is_file()
     if config.model_process:
         # the child loads (and compiles) the model; this process only needs its description:
         # loading it here too cost ~350 MB (sentence-transformers and what it imports)
@@ -62,6 +54,7 @@ def engine_for(
                 "--model-process serves a quantized directory: run squant quantize first, then "
                 "serve its output (--calib would quantize in both processes)"
             )
+        tokenizer = load_tokenizer(path)  # its errors before a process is started
         st = sentence_settings(pooling_from or path)
         remote = ModelProcess(path, config, pooling_from)
         return Engine(
@@ -73,47 +66,4 @@ def engine_for(
             max_length=st.max_seq_length,
             remote=remote,
         )
-    if calib is not None and already:
-        raise SquantError(f"{path} is already quantized; --calib is for float checkpoints")
-    report = None
-    if packaged:
-        # a deploy directory: the AOTInductor package (no Python between kernels) at its
-        # exported batch (smaller batches are padded). Its Python binding holds the GIL for a
-        # whole call, so instances take turns: give one instance all the cores.
-        placement = plan(config.instances, config.cores_per_instance)
-        package = load_packaged(path, num_runners=placement.instances)
-        m = package.exported.manifest
-        buckets = None if m["dynamic_seq"] else (m["seq"],)
-        pad = int(getattr(tokenizer, "pad_token_id", 0) or 0)
-        model: nn.Module = PaddedShapes(package, m["batch"], buckets, pad, min_seq=2)
-        # a bigger batch would run as serial chunks
-        batch = min(config.max_batch_requests, int(m["batch"]))
-        config = dataclasses.replace(config, max_batch_requests=batch)
-    elif calib is not None:
-        from ..pipeline import quantize_checkpoint
-
-        quantized = quantize_checkpoint(path, calib)
-        model, report = quantized.encoder, quantized.report
-    else:
-        model = load(path) if (path / CONFIG_FILE).is_file() else load_model(path)
-        if is_sentence_transformer(model):  # pooling etc. from its modules (sentence_settings)
-            model = inner_model(model)
-    st = sentence_settings(pooling_from or path)
-    runner = None
-    if not packaged and wants_compiled(config.runtime, model, config.watch_ranges):
-        threads = plan(config.instances, config.cores_per_instance).cores_per_instance
-        required = config.runtime == "compiled"
-        built = compiled_runner(model, tokenizer, threads, required, config.attention)
-        if built is not None:
-            model, runner = built
-    engine = Engine(
-        model,
-        tokenizer,
-        config,
-        st.pooling,
-        st.normalize,
-        runner=runner,
-        max_length=st.max_seq_length,
-    )
-    engine.quantize_report = report
-    return engine
+    return local_engine(path, config, pooling_from, calib)

@@ -52,7 +52,7 @@ def _child_main(path: str, config: Any, pooling_from: str | None, conns: list[Co
     """Load the engine's model here and answer batches, one thread per instance (pipe)."""
     import signal
 
-    from .loading import engine_for
+    from .local_engine import local_engine
 
     # Ctrl-C reaches the whole process group: the server drains and then closes the pipes,
     # which ends this process; dying at once here would fail the batches being drained
@@ -66,7 +66,7 @@ def _child_main(path: str, config: Any, pooling_from: str | None, conns: list[Co
             from .engine import limit_malloc_arenas
 
             limit_malloc_arenas(config.malloc_arenas)
-        engine = engine_for(path, dataclasses.replace(config, model_process=False), pooling_from)
+        engine = local_engine(path, dataclasses.replace(config, model_process=False), pooling_from)
     except BaseException as e:  # told to the parent, which raises it as a SquantError
         conns[0].send(("error", f"{type(e).__name__}: {first_line(e)}"[:500]))
         return
