@@ -36,6 +36,7 @@ import torch
 
 from .embed import EmbedReport, embed_texts, offline_config, write_shards
 from .errors import SquantError
+from .placement import allowed_cores
 from .serve.engine import OFFLINE_BATCH_TOKENS
 from .serve.runtime import Attention
 
@@ -46,7 +47,7 @@ def claim_cores(cores: int, lock_dir: str | Path | None = None) -> tuple[list[in
     """The lowest free slot of `cores` cores of this machine's allowed CPUs, and the open lock
     file that holds it (keep it open: closing it, or the process ending, frees the slot).
     ([], None) when every slot is taken (more actors than cores: they then share)."""
-    available = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    available = allowed_cores()
     directory = Path(lock_dir or Path(tempfile.gettempdir()) / f"squant-cores-{os.getuid()}")
     directory.mkdir(parents=True, exist_ok=True)
     for slot in range(len(available) // cores):

@@ -9,6 +9,7 @@ import torch
 from squant.bench import runner
 from squant.cli import main
 from squant.errors import SquantError
+from squant.placement import plan
 from squant.timing import measure, summarize
 
 CORES = sorted(os.sched_getaffinity(0))
@@ -24,18 +25,18 @@ def test_summarize_percentiles():
 
 
 def test_plan_places_instances_on_distinct_cores():
-    p = runner.plan(len(CORES), 1)
+    p = plan(len(CORES), 1)
     assert [c for group in p.cores for c in group] == CORES
-    one = runner.plan(1, len(CORES))
+    one = plan(1, len(CORES))
     assert one.cores == (tuple(CORES),)
     with pytest.raises(SquantError, match="need"):
-        runner.plan(len(CORES) + 1, 1)
+        plan(len(CORES) + 1, 1)
 
 
 @pytest.mark.skipif(len(CORES) < 2, reason="needs two cores")
 def test_instances_really_run_pinned_to_their_cores():
     a = torch.randn(64, 64)
-    result = runner.run(lambda: a @ a, runner.plan(2, 1), duration_s=0.3, warmup=1)
+    result = runner.run(lambda: a @ a, plan(2, 1), duration_s=0.3, warmup=1)
     assert result["affinity_seen"] == [[CORES[0]], [CORES[1]]]
     assert result["calls"] > 0
     assert result["sequences_per_s"] > 0
@@ -50,7 +51,7 @@ def test_errors_in_an_instance_reach_the_caller():
         raise RuntimeError("kernel failed")
 
     with pytest.raises(RuntimeError, match="kernel failed"):
-        runner.run(boom, runner.plan(1, 1), duration_s=0.1, warmup=1)
+        runner.run(boom, plan(1, 1), duration_s=0.1, warmup=1)
 
 
 @pytest.mark.skipif(len(CORES) < 2, reason="needs two cores")

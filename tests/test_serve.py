@@ -710,7 +710,7 @@ def test_the_compiled_runner_serves_two_instances_without_recompiling(base_dir):
     reason="needs Linux and two cores",
 )
 def test_the_front_end_moves_off_the_instances_cores():
-    from squant.bench.runner import Placement
+    from squant.placement import Placement
     from squant.serve.engine import pin_front_end
 
     cores = sorted(os.sched_getaffinity(0))

@@ -12,6 +12,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..hardware import cpu_features
+from ..placement import Placement
 from ..report import format_table
 from ..shapes import fitted_shape
 from ..variants import BuildContext, build, parse_variants
@@ -27,7 +28,7 @@ class BenchReport:
     weights: str  # "random weights (published config)" or "checkpoint weights"
     batch: int
     seq: int
-    placement: runner.Placement
+    placement: Placement
     duration_s: float
     results: dict[str, dict[str, Any]]  # variant -> runner.run's record
     memory_one_instance: dict[str, Any] = field(default_factory=dict)
@@ -102,7 +103,7 @@ def bench_variants(
     model: Any,
     name: str,
     variants: Sequence[str] | str,
-    placement: runner.Placement,
+    placement: Placement,
     batch: int = 1,
     seq: int = 256,
     duration_s: float = 10.0,
@@ -127,7 +128,7 @@ def bench_variants(
             return c(**inputs)
 
         if variant == names[-1] and placement.instances > 1:
-            single = runner.Placement(1, placement.cores_per_instance, placement.cores[:1])
+            single = Placement(1, placement.cores_per_instance, placement.cores[:1])
             one = runner.run(forward, single, duration_s=min(duration_s, 3.0))
             report.memory_one_instance = one["memory"]
         report.results[variant] = runner.run(forward, placement, duration_s=duration_s, batch=batch)

@@ -14,47 +14,13 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..errors import SquantError
-from ..hardware import cpu_features
+from ..placement import Placement
 from ..timing import summarize
-
-
-@dataclass(frozen=True)
-class Placement:
-    instances: int
-    cores_per_instance: int
-    cores: tuple[tuple[int, ...], ...]  # CPU ids of each instance
-
-
-def plan(instances: int | None, cores_per_instance: int | None) -> Placement:
-    """Cores for each instance, filling NUMA nodes in order; defaults follow the paper's
-    launch strategy scaled to this host (C = 4 cores, or fewer on small hosts; N = cores / C)."""
-    cpu = cpu_features()
-    available = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    nodes = [tuple(c for c in node if c in available) for node in cpu.numa_nodes] or [
-        tuple(available)
-    ]
-    total = sum(len(n) for n in nodes)
-    c = cores_per_instance or max(1, min(4, total // 2 if total > 1 else 1))
-    n = instances or max(1, total // c)
-    if c < 1 or n < 1:
-        raise SquantError("instances and cores per instance must be >= 1")
-    if n * c > total:
-        raise SquantError(f"{n} instances x {c} cores need {n * c} cores; this process has {total}")
-    groups: list[tuple[int, ...]] = []
-    for node in nodes:  # an instance never straddles two NUMA nodes
-        for start in range(0, len(node) - c + 1, c):
-            if len(groups) < n:
-                groups.append(node[start : start + c])
-    if len(groups) < n:
-        raise SquantError(f"cannot place {n} instances of {c} cores within NUMA nodes {nodes}")
-    return Placement(n, c, tuple(groups))
 
 
 def memory_kib() -> dict[str, int]:

@@ -39,14 +39,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> None:
     import json
 
-    from ..bench import runner
     from ..bench.compare import bench_variants
     from ..bench.configs import is_builtin
     from ..files import check_output_file, write_output_file
+    from ..placement import plan
 
     json_path = check_output_file(args.json, [args.model], "--json") if args.json else None
     png_path = check_output_file(args.png, [args.model], "--png") if args.png else None
-    placement = runner.plan(args.instances, args.cores_per_instance)
+    placement = plan(args.instances, args.cores_per_instance)
     model = load_any(args.model)
     args.batch, args.seq = fitted_shape(model, args.batch, args.seq)
     weights = (

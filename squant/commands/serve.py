@@ -193,9 +193,8 @@ def wants_model_process(args: argparse.Namespace) -> bool:
     for the front end; not a deploy directory, --calib, --watch-ranges or --ray)."""
     if args.model_process != "auto":
         return bool(args.model_process == "on")
-    from ..bench.runner import plan
     from ..export import MANIFEST
-    from ..serve.engine import front_end_cores
+    from ..placement import front_end_cores, plan
 
     if args.ray or args.calib or args.watch_ranges or (Path(args.model) / MANIFEST).is_file():
         return False
@@ -216,8 +215,9 @@ def run(args: argparse.Namespace) -> None:
     try:
         import uvicorn
 
+        from ..placement import front_end_cores
         from ..serve.app import create_app
-        from ..serve.engine import freeze_startup_objects, front_end_cores, pin_front_end
+        from ..serve.engine import freeze_startup_objects, pin_front_end
         from ..serve.header_deadline import header_deadline_protocol
     except ImportError as e:
         raise SquantError(

@@ -12,7 +12,7 @@
   default (at low load a request runs alone, at once); max_wait_ms lets a short batch wait.
 - The queue is bounded (max_queue sequences): beyond it submit raises OverloadedError (HTTP 429);
   a sequence whose deadline passed while waiting is dropped, not run (HTTP 504).
-- Workers are threads of one process sharing ONE model (bench/runner.py's placement: each
+- Workers are threads of one process sharing ONE model (placement.py: each
   pinned to its own cores with its own OpenMP team); squant's kernels release the GIL.
 - Shapes: every (batch size, bucket) pair is bounded by the config; `start` runs each bucket
   once at the largest batch before the engine reports ready.
@@ -39,11 +39,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..bench.runner import Placement, plan
 from ..errors import SquantError
 from ..mappings import max_positions, model_inputs
 from ..monitor import RangeMonitor
 from ..outputs import mean_pool
+from ..placement import Placement, front_end_cores, plan
 from .runtime import ATTENTIONS, RUNTIMES, Attention, Runtime
 
 BUCKETS = (16, 32, 64, 128, 256, 512)
@@ -225,14 +225,6 @@ def freeze_startup_objects() -> int:
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
-
-
-def front_end_cores(placement: Placement) -> tuple[int, ...]:
-    """The cores of this process that no instance uses; () when they use all (or off Linux)."""
-    if not hasattr(os, "sched_getaffinity"):
-        return ()
-    used = {c for group in placement.cores for c in group}
-    return tuple(sorted(set(os.sched_getaffinity(0)) - used))
 
 
 def pin_front_end(placement: Placement) -> tuple[int, ...]:

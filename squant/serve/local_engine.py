@@ -25,9 +25,9 @@ def local_engine(
 ) -> Engine:
     """An Engine (not started) over the model at `path`, loaded (and compiled, as
     config.runtime says: serve/runtime.py) in this process."""
-    from ..bench.runner import plan
     from ..export import MANIFEST, load_packaged
     from ..models import load_model, load_tokenizer
+    from ..placement import plan
     from ..sentence_transformer import inner_model, is_sentence_transformer
     from ..serialization import CONFIG_FILE, load
     from ..shapes import PaddedShapes

@@ -37,8 +37,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..bench.runner import plan
 from ..errors import SquantError, first_line
+from ..placement import plan
 
 # loading and compiling a model takes seconds to minutes; a child silent for this long is hung
 START_TIMEOUT_S = 1800.0

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import SquantError
+from ..placement import allowed_cores
 from .engine import ServeConfig
 
 if TYPE_CHECKING:
@@ -26,7 +27,7 @@ _REPLICA_ENGINE: list[Any] = []  # set inside each replica process by its app bu
 
 def replica_cores(local_rank: int, cores_per_replica: int) -> list[int]:
     """The cores replica `local_rank` of this node owns."""
-    available = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    available = allowed_cores()
     start = local_rank * cores_per_replica
     if start + cores_per_replica > len(available):
         raise SquantError(
