@@ -195,10 +195,17 @@ def kept(root: Path, tree: dict[str, bytes], given: list[Path]) -> dict[str, byt
 
 
 def test_invocations_on_a_loadable_model_end_cleanly(
-    inputs, tiny_checkpoint, base_dir, calib_jsonl, monkeypatch
+    inputs, tiny_checkpoint, base_dir, calib_jsonl, tmp_path, monkeypatch
 ):
+    import shutil
+
     monkeypatch.chdir(inputs)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # private copies: an invocation may legitimately write its --out/--json over any path it
+    # is given, and the session's shared fixtures must stay as other tests expect them
+    tiny_checkpoint = Path(shutil.copytree(tiny_checkpoint, tmp_path / "classifier"))
+    base_dir = Path(shutil.copytree(base_dir, tmp_path / "base"))
+    calib_jsonl = Path(shutil.copy(calib_jsonl, tmp_path / "calib.jsonl"))
     models = {"classifier": str(tiny_checkpoint), "base": str(base_dir)}
     labeled = inputs / "labeled.jsonl"
     labeled.write_text(
@@ -206,7 +213,7 @@ def test_invocations_on_a_loadable_model_end_cleanly(
         '{"sentence1": "a dog ran", "sentence2": "a cat", "label": 2}\n' * 80
     )
     data = [str(calib_jsonl), str(inputs / "text.txt"), str(inputs / "rows.jsonl"), str(labeled)]
-    watched = [inputs, tiny_checkpoint, base_dir]
+    watched = [inputs, tmp_path]
     codes = []
     for argv in model_invocations(0, MODEL_EXAMPLES, inputs, models, data):
         before = [_tree(root) for root in watched]
