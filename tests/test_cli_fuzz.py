@@ -97,6 +97,20 @@ def invocations(draw, root: Path) -> list[str]:
     return argv
 
 
+def _run_cleanly(argv: list[str]) -> int:
+    """Run the CLI; it must end with 0, or with 2 and an error line: never a traceback."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = cli.main(argv)
+    message = err.getvalue()
+    assert "Traceback" not in message, (argv, message)
+    if code != 0:
+        assert code == 2, (argv, code, message)
+        lines = [line for line in message.splitlines() if line.strip()]
+        assert lines and "error" in lines[-1], (argv, message)
+    return code
+
+
 def test_no_invocation_ends_in_a_traceback_or_writes_outside_its_output(inputs, monkeypatch):
     monkeypatch.chdir(inputs)  # a relative path lands here, where the snapshot sees it
     # never reach a model hub, never open a port anyone could need
@@ -112,16 +126,7 @@ def test_no_invocation_ends_in_a_traceback_or_writes_outside_its_output(inputs, 
     )
     @hypothesis.given(invocations(inputs))
     def one(argv: list[str]) -> None:
-        err = io.StringIO()
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            code = cli.main(argv)
-        ran.append(code)
-        message = err.getvalue()
-        assert "Traceback" not in message, (argv, message)
-        if code != 0:
-            assert code == 2, (argv, code, message)
-            lines = [line for line in message.splitlines() if line.strip()]
-            assert lines and "error" in lines[-1], (argv, message)
+        ran.append(_run_cleanly(argv))
         after = {k: v for k, v in _tree(inputs).items() if not k.startswith("out")}
         assert after == before, (argv, set(after) ^ set(before))
 
@@ -217,16 +222,7 @@ def test_invocations_on_a_loadable_model_end_cleanly(
     codes = []
     for argv in model_invocations(0, MODEL_EXAMPLES, inputs, models, data):
         before = [_tree(root) for root in watched]
-        err = io.StringIO()
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            code = cli.main(argv)
-        codes.append(code)
-        message = err.getvalue()
-        assert "Traceback" not in message, (argv, message)
-        if code != 0:
-            assert code == 2, (argv, code, message)
-            lines = [line for line in message.splitlines() if line.strip()]
-            assert lines and "error" in lines[-1], (argv, message)
+        codes.append(_run_cleanly(argv))
         # outputs it was given (--out, --json, --png) may appear; nothing else may change
         given = [
             Path(v).resolve()
