@@ -57,6 +57,7 @@ from .errors import SquantError, first_line
 from .files import atomic_directory, hash_file, read_json_record
 from .hardware import cpu_features
 from .int8 import make_prepack_traceable
+from .kernels.package_runner import NativePackageRunner
 from .mappings import MODEL_INPUT_KEYS, hf_config, input_names
 from .outputs import NamedOutputs, named_tensors, output_tensors
 from .qlinear import QuantLinear
@@ -69,6 +70,8 @@ FORMAT = "squant-aoti"
 FORMAT_VERSION = 3  # 2: sha256, vocab_size, max_seq; 3: token_type_ids, output_names, config
 READABLE_VERSIONS = (2, 3)
 # ISA features a package may need from the host, from the most to the least demanding
+# the largest batch a dynamic-batch package takes
+MAX_BATCH = 1024
 REQUIRED_ISA = ("amx_int8", "amx_bf16", "avx512_vnni", "avx512_bf16", "avx512f", "avx2")
 
 
@@ -93,7 +96,9 @@ class ExportConfig:
     """What a package is built for.
 
     batch, seq: the input shape ([batch, seq]); used when no example_inputs are given.
-    dynamic_seq: accept any sequence length in [2, the model's limit] (batch stays fixed).
+    dynamic_seq: accept any sequence length in [2, the model's limit].
+    dynamic_batch: accept any batch in [1, MAX_BATCH] (else exactly `batch`): what a server
+        wants, which then sends each batch as it is instead of padding it to `batch`.
     float_dtype: dtype of the non-int8 parts, as in CompileConfig ("auto": BF16 where the CPU
         has native BF16). Attention is squant's fused kernel for quantized models.
     """
@@ -101,6 +106,7 @@ class ExportConfig:
     batch: int = 1
     seq: int = 128
     dynamic_seq: bool = False
+    dynamic_batch: bool = False
     float_dtype: FloatDtype = "auto"
 
     def __post_init__(self) -> None:
@@ -173,10 +179,12 @@ def _export_into(
     ids = example_inputs["input_ids"]
     inputs = tuple(example_inputs.get(n, torch.zeros_like(ids)) for n in names)
     wrapped = _TupleOutputs(work, names).eval()
-    dynamic_shapes = None
+    dims: dict[int, Any] = {}
+    if config.dynamic_batch:
+        dims[0] = torch.export.Dim("batch", min=1, max=MAX_BATCH)
     if dynamic_seq:
-        seq = torch.export.Dim("seq", min=2, max=_max_positions(work))
-        dynamic_shapes = {n: {1: seq} for n in names}
+        dims[1] = torch.export.Dim("seq", min=2, max=_max_positions(work))
+    dynamic_shapes = {n: dims for n in names} if dims else None
     with torch.no_grad():  # the original model: `work` no longer packs eagerly
         output_names = list(named_tensors(model(**dict(zip(names, inputs, strict=True)))))
         try:
@@ -207,6 +215,7 @@ def _export_into(
         "outputs": len(program.graph_signature.user_outputs),
         "output_names": output_names,
         "batch": int(inputs[0].shape[0]),
+        "dynamic_batch": config.dynamic_batch,
         "seq": None if dynamic_seq else int(inputs[0].shape[1]),
         "dynamic_seq": dynamic_seq,
         "max_seq": _max_positions(work) if dynamic_seq else int(inputs[0].shape[1]),
@@ -278,16 +287,37 @@ def load_exported(directory: str | Path, num_runners: int = 1) -> ExportedModel:
     check_host(manifest)
     check_package(directory / PACKAGE, manifest["sha256"])
     _load_kernels(directory, manifest)
+    native = _native_runner_loaded()
     from torch._inductor.package import load_package  # type: ignore[attr-defined]
 
     try:
         with _extraction_directory() as extracted:
-            runner = load_package(str(directory / PACKAGE), num_runners=num_runners)
+            package = str(directory / PACKAGE)
+            runner = (
+                NativePackageRunner(package, num_runners)
+                if native
+                else load_package(package, num_runners=num_runners)
+            )
     except Exception as e:  # torch raises RuntimeError/OSError/... with long native traces
         raise SquantError(f"cannot load {directory / PACKAGE}: {first_line(e)[:300]}") from None
     # torch removes its own extraction when the runner is freed; squant's directory around it
     weakref.finalize(runner, shutil.rmtree, extracted, True)
     return ExportedModel(runner, manifest)
+
+
+def _native_runner_loaded() -> bool:
+    """Whether squant's GIL-free package runner is loaded (kernels/package_runner.py), loading
+    squant's own kernel library for it when that is built already and no library is loaded
+    (a package without int8 attention ships none); never builds it."""
+    from . import kernels
+    from .kernels import package_runner
+
+    if not kernels.registered() and kernels.built():
+        try:
+            kernels.load()
+        except SquantError:
+            return False
+    return package_runner.available()
 
 
 _TMPDIR_LOCK = threading.Lock()
@@ -357,6 +387,8 @@ def read_manifest(path: Path) -> dict[str, Any]:
     max_seq = _typed(manifest, "max_seq", int, path)
     vocab = _typed(manifest, "vocab_size", int, path)
     dynamic = _typed(manifest, "dynamic_seq", bool, path)
+    manifest.setdefault("dynamic_batch", False)  # before dynamic batches: fixed
+    _typed(manifest, "dynamic_batch", bool, path)
     seq = manifest.get("seq")
     if dynamic != (seq is None) or not (seq is None or isinstance(seq, int)):
         raise SquantError(f"{path}: seq and dynamic_seq disagree")
@@ -445,7 +477,10 @@ class ExportedModel:
         if t.dim() != 2:
             raise SquantError(f"{name} must be [batch, seq], got shape {tuple(t.shape)}")
         batch, seq = t.shape
-        if batch != m["batch"]:
+        if m["dynamic_batch"]:
+            if not 1 <= batch <= MAX_BATCH:
+                raise SquantError(f"{name}: batch {batch} outside [1, {MAX_BATCH}]")
+        elif batch != m["batch"]:
             raise SquantError(
                 f"{name}: this package was exported for batch {m['batch']}, got {batch}"
             )

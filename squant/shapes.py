@@ -45,7 +45,8 @@ class PaddedShapes(nn.Module):
     """Runs `model` only at [batch, bucket] shapes (see the module docstring).
 
     buckets=None: any sequence length from min_seq up passes unpadded (a package exported
-    with a dynamic sequence length); only the batch is fixed."""
+    with a dynamic sequence length). pad_rows=False: fewer rows than `batch` run as they are
+    (a package exported with a dynamic batch); more still run in chunks of `batch`."""
 
     def __init__(
         self,
@@ -54,6 +55,7 @@ class PaddedShapes(nn.Module):
         buckets: Sequence[int] | None,
         pad_token_id: int = 0,
         min_seq: int = 1,
+        pad_rows: bool = True,
     ) -> None:
         super().__init__()
         if batch < 1:
@@ -63,6 +65,7 @@ class PaddedShapes(nn.Module):
         self.buckets = tuple(sorted(buckets)) if buckets is not None else None
         self.pad_token_id = pad_token_id
         self.min_seq = min_seq
+        self.pad_rows = pad_rows
 
     # the wrapped model's facts, for callers that read them (model_inputs, eval reports)
     @property
@@ -109,7 +112,7 @@ class PaddedShapes(nn.Module):
                 t = nn.functional.pad(t, (0, target - seq), value=fill)
             out[name] = t
         # repeat real rows (cyclically): no all-masked row runs
-        return repeat_rows(out, self.batch) if rows < self.batch else out
+        return repeat_rows(out, self.batch) if rows < self.batch and self.pad_rows else out
 
     def _cut(self, out: Any, rows: int, seq: int) -> dict[str, Tensor]:
         cut = {}
@@ -127,7 +130,7 @@ class PaddedShapes(nn.Module):
         for start in range(0, rows, self.batch):
             chunk = {k: v[start : start + self.batch] for k, v in inputs.items()}
             n = chunk["input_ids"].shape[0]
-            exact = n == self.batch and self.seq_for(seq) == seq
+            exact = (n == self.batch or not self.pad_rows) and self.seq_for(seq) == seq
             out = self.model(**(chunk if exact else self.pad(chunk)))
             parts.append(self._cut(out, n, seq))
         if len(parts) == 1:

@@ -2,6 +2,7 @@
 FastAPI's in-process test client)."""
 
 import concurrent.futures
+import dataclasses
 import math
 import os
 import threading
@@ -619,7 +620,7 @@ class _FakeCompiled(torch.nn.Module):
         return self.model(**inputs)
 
 
-def test_auto_compiles_quantized_directories_at_the_workers_thread_count(
+def test_compiled_runtime_compiles_at_the_workers_thread_count(
     base_dir, tiny_checkpoint, monkeypatch
 ):
     from squant.serve.loading import engine_for
@@ -632,8 +633,10 @@ def test_auto_compiles_quantized_directories_at_the_workers_thread_count(
 
     monkeypatch.setattr(squant, "compile", fake_compile)
     before = torch.get_num_threads()
-    assert ServeConfig().runtime == "auto"  # serving compiles quantized models by default
-    engine = engine_for(base_dir, ServeConfig(instances=1, cores_per_instance=1))
+    # (by default, "auto", a quantized directory is served from its cached package:
+    # test_package_cache.py)
+    compiled = ServeConfig(instances=1, cores_per_instance=1, runtime="compiled")
+    engine = engine_for(base_dir, compiled)
     assert isinstance(engine.runner, _FakeCompiled) and engine.runner.model is engine.model
     ((threads, compile_config, mask),) = calls
     # compiled at the workers' thread count (dynamo guards it), for every shape, with the C++
@@ -644,7 +647,7 @@ def test_auto_compiles_quantized_directories_at_the_workers_thread_count(
     assert torch.get_num_threads() == before  # the caller's setting is restored
     # attention: timed per process unless named (two processes may time their way apart)
     assert compile_config.attention == "auto"
-    engine_for(base_dir, ServeConfig(instances=1, cores_per_instance=1, attention="squant"))
+    engine_for(base_dir, dataclasses.replace(compiled, attention="squant"))
     assert calls[-1][1].attention == "squant"
     calls.pop()
     with pytest.raises(squant.SquantError, match="attention must be one of"):
@@ -671,8 +674,11 @@ def test_a_failed_compile_serves_eagerly_unless_compiled_was_asked_for(base_dir,
         raise RuntimeError("InductorError: no C++ compiler found\nlong traceback")
 
     monkeypatch.setattr(squant, "compile", broken)
+    config = offline_config(instances=1, cores_per_instance=1)
+    # no package could be built (serve/package_cache.py), so "auto" compiles, which fails too
+    monkeypatch.setattr("squant.serve.local_engine.packaged_model", lambda *a: None)
     with pytest.warns(UserWarning, match=r"serving eagerly: .*no C\+\+ compiler found"):
-        engine = engine_for(base_dir, offline_config(instances=1, cores_per_instance=1))
+        engine = engine_for(base_dir, config)
     assert engine.runner is engine.model
     with pytest.raises(squant.SquantError, match=r"--runtime compiled: .*no C\+\+ compiler"):
         engine_for(base_dir, ServeConfig(runtime="compiled"))
@@ -684,7 +690,9 @@ def test_the_compiled_runner_serves_two_instances_without_recompiling(base_dir):
 
     from squant.serve.loading import engine_for
 
-    config = ServeConfig(instances=2, cores_per_instance=1, max_batch_requests=4, runtime="auto")
+    config = ServeConfig(
+        instances=2, cores_per_instance=1, max_batch_requests=4, runtime="compiled"
+    )
     engine = engine_for(base_dir, config)
     assert type(engine.runner).__name__ == "CompiledEncoder"
     engine.start()  # every bucket at batch 1 and its largest batch

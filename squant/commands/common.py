@@ -149,9 +149,13 @@ def add_runtime_argument(parser: argparse.ArgumentParser, default: str, why: str
         "--runtime",
         choices=RUNTIMES,
         default=default,
-        help=f"what runs the batches (default {default}: {why}): compiled = squant.compile "
-        "at start-up (dynamic shapes, C++ wrapper, checked against eager; ~1-2 min); auto = "
-        "compiled for a squant-quantized model, eager for a float checkpoint",
+        help=f"what runs the batches (default {default}: {why}): package = an AOTInductor "
+        "package of the quantized directory, exported on first use (dynamic shapes) and "
+        "cached under squant's cache, checked against eager at each load; compiled = "
+        "squant.compile at every start-up (dynamic shapes, C++ wrapper, checked against "
+        "eager; ~1-2 min); auto = package for a quantized directory (compiled if no package "
+        "can be built or --attention is named), compiled for a model quantized at start-up, "
+        "eager for a float checkpoint",
     )
     from ..serve.runtime import ATTENTIONS
 

@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     norm.add_argument("--normalize", dest="normalize", action="store_true", default=None)
     norm.add_argument("--no-normalize", dest="normalize", action="store_false")
     p.add_argument("--pooling-from", default=None, help="as for squant serve")
-    add_runtime_argument(p, "auto", "compiled where the model is quantized")
+    add_runtime_argument(p, "auto", "a quantized directory runs its cached package")
     ray = p.add_argument_group("Ray Data (extra squant[ray])")
     ray.add_argument("--ray", action="store_true", help="embed on Ray actors (local or a cluster)")
     ray.add_argument("--ray-address", default=None, help="an existing cluster (default: local)")

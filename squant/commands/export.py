@@ -24,7 +24,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dynamic-seq",
         action="store_true",
-        help="accept any sequence length up to the model's limit (batch stays fixed)",
+        help="accept any sequence length up to the model's limit",
+    )
+    p.add_argument(
+        "--dynamic-batch",
+        action="store_true",
+        help="accept any batch size (a server then sends each batch unpadded)",
     )
     p.add_argument("--float-dtype", choices=("auto", "bf16", "fp32"), default="auto")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
@@ -38,13 +43,17 @@ def run(args: argparse.Namespace) -> None:
     from pathlib import Path
 
     from .. import models
-    from ..export import MANIFEST, ExportConfig, export
+    from ..export import MANIFEST, MAX_BATCH, ExportConfig, export
     from ..files import check_output_dir
     from ..pipeline import quantize_checkpoint, weights_mib
     from ..serialization import CONFIG_FILE, load
 
     config = ExportConfig(
-        batch=args.batch, seq=args.seq, dynamic_seq=args.dynamic_seq, float_dtype=args.float_dtype
+        batch=args.batch,
+        seq=args.seq,
+        dynamic_seq=args.dynamic_seq,
+        dynamic_batch=args.dynamic_batch,
+        float_dtype=args.float_dtype,
     )
     source = Path(args.source)
     quantized_dir = (source / CONFIG_FILE).is_file()
@@ -73,7 +82,8 @@ def run(args: argparse.Namespace) -> None:
     before = weights_mib(source)
     t0 = time.perf_counter()
     package = export(model, args.out, None, tokenizer, config, overwrite=args.overwrite)
-    shape = f"{args.batch} x {'2..max' if args.dynamic_seq else args.seq}"
+    batch = f"1..{MAX_BATCH}" if args.dynamic_batch else args.batch
+    shape = f"{batch} x {'2..max' if args.dynamic_seq else args.seq}"
     print(
         f"exported {type(model).__name__} for [{shape}] in {time.perf_counter() - t0:.0f} s -> "
         f"{package} ({weights_mib(package.parent):.1f} MiB; weights before {before:.1f} MiB)"

@@ -68,7 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_runtime_argument(
         p,
         "auto",
-        "compiled where the model is quantized; start-up takes 1-2 minutes longer",
+        "a quantized directory runs its package, built once (~1 min) and cached",
     )
     p.add_argument(
         "--model-process",

@@ -26,7 +26,7 @@ import torch
 from ..cache import cache_root
 from ..errors import SquantError, first_line
 
-SOURCES = ("int8_attention.cpp",)
+SOURCES = ("int8_attention.cpp", "package_runner.cpp")
 LIBRARY_NAME = "squant_kernels"
 # -fno-math-errno: std::lrint becomes one instruction (the vector paths round the same way);
 # -fopenmp: at::parallel_for is a header template over OpenMP pragmas, serial without it
@@ -82,11 +82,27 @@ def library_path() -> Path:
 
 def registered() -> bool:
     """Whether a squant kernel library is loaded in this process already."""
+    return registered_op("squant::int8_attention")
+
+
+def registered_op(name: str) -> bool:
+    """Whether the op `name` ("squant::...") is registered in this process."""
     try:
-        torch._C._dispatch_find_schema_or_throw("squant::int8_attention", "")
+        torch._C._dispatch_find_schema_or_throw(name, "")
     except RuntimeError:
         return False
     return True
+
+
+def built() -> bool:
+    """Whether this squant's kernel library is built already (loading it then costs
+    milliseconds, not a ~30 s build)."""
+    return _built_path(kernel_cache()).is_file()
+
+
+def _built_path(root: Path) -> Path:
+    name = f"{LIBRARY_NAME}_{build_key()}"
+    return root / name / f"{name}.so"
 
 
 def load_library(path: Path) -> None:
@@ -100,9 +116,8 @@ def load_or_build(root: Path) -> Path:
     """The library under root, built there first if it is not; loaded into this process."""
     from torch.utils import cpp_extension
 
-    name = f"{LIBRARY_NAME}_{build_key()}"
-    directory = root / name
-    built = directory / f"{name}.so"
+    built = _built_path(root)
+    directory, name = built.parent, built.stem
     if built.is_file():
         load_library(built)
         return built

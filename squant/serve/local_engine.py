@@ -14,7 +14,7 @@ from torch import nn
 
 from ..errors import SquantError
 from .engine import Engine, ServeConfig, sentence_settings
-from .runtime import compiled_runner, wants_compiled
+from .runtime import compiled_runner, packaged_model, wants_compiled
 
 
 def local_engine(
@@ -25,7 +25,7 @@ def local_engine(
 ) -> Engine:
     """An Engine (not started) over the model at `path`, loaded (and compiled, as
     config.runtime says: serve/runtime.py) in this process."""
-    from ..export import MANIFEST, load_packaged
+    from ..export import MANIFEST, MAX_BATCH, load_packaged
     from ..models import load_model, load_tokenizer
     from ..placement import plan
     from ..sentence_transformer import inner_model, is_sentence_transformer
@@ -40,18 +40,24 @@ def local_engine(
         raise SquantError(f"{path} is already quantized; --calib is for float checkpoints")
     report = None
     if packaged:
-        # a deploy directory: the AOTInductor package (no Python between kernels) at its
-        # exported batch (smaller batches are padded). Its Python binding holds the GIL for a
-        # whole call, so instances take turns: give one instance all the cores.
+        # a deploy directory: the AOTInductor package (no Python between kernels), any batch
+        # if exported with a dynamic batch, else its exported batch (smaller ones are padded).
+        # Run by squant's kernel library the call releases the GIL; by torch's binding (a
+        # deploy directory without the library) instances take turns: give one all the cores.
         placement = plan(config.instances, config.cores_per_instance)
         package = load_packaged(path, num_runners=placement.instances)
         m = package.exported.manifest
         buckets = None if m["dynamic_seq"] else (m["seq"],)
         pad = int(getattr(tokenizer, "pad_token_id", 0) or 0)
-        model: nn.Module = PaddedShapes(package, m["batch"], buckets, pad, min_seq=2)
-        # a bigger batch would run as serial chunks
-        batch = min(config.max_batch_requests, int(m["batch"]))
-        config = dataclasses.replace(config, max_batch_requests=batch)
+        if m["dynamic_batch"]:
+            model: nn.Module = PaddedShapes(
+                package, MAX_BATCH, buckets, pad, min_seq=2, pad_rows=False
+            )
+        else:
+            model = PaddedShapes(package, m["batch"], buckets, pad, min_seq=2)
+            # a bigger batch would run as serial chunks
+            batch = min(config.max_batch_requests, int(m["batch"]))
+            config = dataclasses.replace(config, max_batch_requests=batch)
     elif calib is not None:
         from ..pipeline import quantize_checkpoint
 
@@ -64,11 +70,25 @@ def local_engine(
     st = sentence_settings(pooling_from or path)
     runner = None
     if not packaged and wants_compiled(config.runtime, model, config.watch_ranges):
-        threads = plan(config.instances, config.cores_per_instance).cores_per_instance
-        required = config.runtime == "compiled"
-        built = compiled_runner(model, tokenizer, threads, required, config.attention)
-        if built is not None:
-            model, runner = built
+        placement = plan(config.instances, config.cores_per_instance)
+        threads = placement.cores_per_instance
+        served = None
+        # a quantized directory: its package, built once and cached (the attention choice
+        # is a compile option: naming one compiles)
+        if (
+            config.runtime in ("auto", "package")
+            and config.attention == "auto"
+            and (path / CONFIG_FILE).is_file()
+        ):
+            required = config.runtime == "package"
+            served = packaged_model(path, model, tokenizer, threads, placement.instances, required)
+        if served is not None:
+            model = served
+        else:
+            required = config.runtime == "compiled"
+            built = compiled_runner(model, tokenizer, threads, required, config.attention)
+            if built is not None:
+                model, runner = built
     engine = Engine(
         model,
         tokenizer,

@@ -1,6 +1,9 @@
-"""What runs a served model's batches: the model eagerly, or squant.compile's executable with
+"""What runs a served model's batches: the model eagerly, its AOTInductor package (built once
+per model directory and cached: serve/package_cache.py), or squant.compile's executable with
 dynamic shapes (one graph for every length bucket and batch size, and one for batch 1, which
 dynamo specializes apart). Shared by `squant serve`, `squant embed` and their Ray forms.
+"auto" serves a squant-quantized directory from its cached package (compiling when no package
+can be built), a model quantized at start-up compiled, and a float checkpoint eagerly.
 
 Bulk embedding compiles squant-quantized models by default ("auto"): on real
 all-MiniLM-L6-v2 static INT8, one AVX2 core, the compiled model ran 1.22-1.44x the eager one
@@ -15,6 +18,7 @@ generator's HTTP client). Float checkpoints stay eager under "auto" (compiling F
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -24,8 +28,8 @@ from ..errors import SquantError, first_line
 from ..mappings import model_inputs
 from ..record import record_of
 
-Runtime = Literal["auto", "eager", "compiled"]
-RUNTIMES: tuple[Runtime, ...] = ("auto", "eager", "compiled")
+Runtime = Literal["auto", "eager", "compiled", "package"]
+RUNTIMES: tuple[Runtime, ...] = ("auto", "eager", "compiled", "package")
 Attention = Literal["auto", "squant", "sdpa", "model"]
 ATTENTIONS: tuple[Attention, ...] = ("auto", "squant", "sdpa", "model")
 
@@ -41,17 +45,46 @@ _CHECK_TEXTS = (
 
 
 def wants_compiled(runtime: Runtime, model: nn.Module, watch_ranges: bool) -> bool:
-    """Whether this model is served compiled: always for "compiled", never for "eager"; for
-    "auto" when squant quantized it (and no range watch needs the eager modules)."""
+    """Whether this model is served compiled (or packaged): always for "compiled" and
+    "package", never for "eager"; for "auto" when squant quantized it (and no range watch needs
+    the eager modules)."""
     if runtime == "eager":
         return False
     if watch_ranges:
-        if runtime == "compiled":
+        if runtime in ("compiled", "package"):
             raise SquantError(
                 "--watch-ranges counts in the eager model's modules: use --runtime eager"
             )
         return False
-    return runtime == "compiled" or record_of(model) is not None
+    return runtime in ("compiled", "package") or record_of(model) is not None
+
+
+def check_inputs(model: nn.Module, tokenizer: Any) -> dict[str, torch.Tensor]:
+    """The inputs a compiled or packaged model is checked against eager on."""
+    return model_inputs(model, tokenizer(list(_CHECK_TEXTS), padding=True, return_tensors="pt"))
+
+
+def packaged_model(
+    model_dir: Path, model: nn.Module, tokenizer: Any, threads: int, instances: int, required: bool
+) -> nn.Module | None:
+    """The quantized directory's model as its cached package (serve/package_cache.py), run by
+    `instances` threads of `threads` cores each; None when that failed and is not `required`
+    (a warning says why); a SquantError when it is."""
+    from .package_cache import cached_package
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with warnings.catch_warnings(record=required) as caught:
+            served = cached_package(
+                model_dir, model, tokenizer, instances, check_inputs(model, tokenizer)
+            )
+    finally:
+        torch.set_num_threads(previous)
+    if served is None and required:
+        why = str(caught[-1].message) if caught else "no package"
+        raise SquantError(f"--runtime package: {why}")
+    return served
 
 
 def compiled_runner(
@@ -66,7 +99,6 @@ def compiled_runner(
     from .. import compile as squant_compile
     from ..compiler import CompileConfig
 
-    example = tokenizer(list(_CHECK_TEXTS), padding=True, return_tensors="pt")
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -77,7 +109,7 @@ def compiled_runner(
         # (It did not cure the slow recovery after an overload burst: that happened with
         # either wrapper, docs/serving.md.)
         config = CompileConfig(dynamic=True, cpp_wrapper=True, attention=attention)
-        compiled = squant_compile(model, config, example_inputs=model_inputs(model, example))
+        compiled = squant_compile(model, config, example_inputs=check_inputs(model, tokenizer))
     except Exception as e:  # inductor can fail in many ways (a C++ compiler missing, ...)
         reason = f"{type(e).__name__}: {first_line(e)}"[:300]
         if required:
