@@ -41,6 +41,9 @@ def test_the_model_process_answers_what_the_in_process_engine_answers(remote_eng
     finally:
         local.stop(1.0)
     got = _embed(remote_engine, TEXTS)
+    encoded = local.tokenize(TEXTS)
+    per_token = [f.result(timeout=60) for f in remote_engine.submit(encoded, per_token=True)]
+    assert [len(rows) for rows in per_token] == [len(ids) for ids, _ in encoded]
     assert got.shape == expected.shape
     # the same weights and kernels in another process: equal to float rounding
     assert cosine(expected, got) > 0.99999

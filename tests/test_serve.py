@@ -1073,3 +1073,29 @@ def test_rerank_on_a_model_that_is_not_a_cross_encoder_names_the_right_route(cla
     for _, client in (classifier, embedder):
         r = client.post("/rerank", json={"query": "a", "texts": ["b"]})
         assert r.status_code == 422 and r.json()["error_type"] == "wrong_route", r.text
+
+
+def test_embed_all_returns_every_tokens_hidden_state_as_tei_does(embedder, classifier):
+    engine, client = embedder
+    texts = ["the cat sat on the mat", "a dog", ""]
+    # pooled and per-token requests at once: batches never mix the two
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        alls = [pool.submit(client.post, "/embed_all", json={"inputs": texts}) for _ in range(3)]
+        pooled = [pool.submit(client.post, "/embed", json={"inputs": texts}) for _ in range(3)]
+        alls, pooled = [f.result() for f in alls], [f.result() for f in pooled]
+    assert all(r.status_code == 200 for r in alls + pooled), alls[0].text
+    got = alls[0].json()
+    assert all(r.json() == got for r in alls)
+    for text, rows in zip(texts, got, strict=True):
+        enc = engine.tokenizer([text], return_tensors="pt")
+        with torch.no_grad():
+            ref = engine.model(**enc).last_hidden_state[0]
+        assert len(rows) == enc["input_ids"].shape[1]  # one row per token, [CLS] and [SEP] too
+        out = torch.tensor(rows)
+        assert float(torch.nn.functional.cosine_similarity(out, ref, dim=-1).min()) > 0.999
+    assert torch.tensor(pooled[0].json()).shape == (len(texts), got[0][0].__len__())
+    one = client.post("/embed_all", json={"inputs": "a dog"}).json()
+    assert torch.allclose(torch.tensor(one[0]), torch.tensor(got[1]), atol=1e-5)
+    assert client.post("/embed_all", json={"inputs": []}).status_code == 400
+    r = classifier[1].post("/embed_all", json={"inputs": "a dog"})
+    assert r.status_code == 422 and r.json()["error_type"] == "wrong_route"

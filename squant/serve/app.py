@@ -66,6 +66,11 @@ class EmbedRequest(BaseModel):
     truncate: bool = True
 
 
+class EmbedAllRequest(BaseModel):
+    inputs: str | list[str]
+    truncate: bool = True
+
+
 class OpenAIEmbeddingRequest(BaseModel):
     input: str | list[str]
     model: str | None = None
@@ -263,17 +268,19 @@ def create_app(
             items.append(x[0] if len(x) == 1 else tuple(x))
         return _checked(items)
 
-    async def _run(texts: list[Text], truncate: bool) -> tuple[list[torch.Tensor], int]:
+    async def _run(
+        texts: list[Text], truncate: bool, per_token: bool = False
+    ) -> tuple[list[torch.Tensor], int]:
         if not engine.ready:
             raise ApiError(503, "not ready" if not engine.draining else "draining", "unavailable")
         try:
             with engine.admitted() as admission:
-                return await _tokenize_and_run(texts, truncate, admission)
+                return await _tokenize_and_run(texts, truncate, admission, per_token)
         except OverloadedError as e:
             raise ApiError(429, str(e), "overloaded", {"Retry-After": e.retry_after}) from None
 
     async def _tokenize_and_run(
-        texts: list[Text], truncate: bool, admission: Admission
+        texts: list[Text], truncate: bool, admission: Admission, per_token: bool
     ) -> tuple[list[torch.Tensor], int]:
         t0 = time.perf_counter()
         try:
@@ -285,7 +292,8 @@ def create_app(
             raise ApiError(422, str(e), "validation") from None
         m["tokenize"].observe(time.perf_counter() - t0)
         tokens = sum(len(ids) for ids, _ in encoded)
-        futures = engine.submit(encoded, admission)  # OverloadedError: the queue's limits
+        # OverloadedError: the queue's limits
+        futures = engine.submit(encoded, admission, per_token=per_token)
         try:
             rows = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
         except DeadlineExceededError as e:
@@ -316,6 +324,14 @@ def create_app(
             return await _embed(inputs, normalize, truncate)
         except ApiError as e:
             return _error(e)
+
+    @app.post("/embed_all", response_model=list[list[list[float]]])
+    async def embed_all(body: EmbedAllRequest) -> Response:
+        """TEI's /embed_all: every token's last hidden state (special tokens included, as
+        TEI returns them), not normalised, per input text."""
+        _need("embed")
+        rows, _ = await _run(_texts(body.inputs), body.truncate, per_token=True)
+        return _json([r.numpy() for r in rows])
 
     @app.post("/v1/embeddings")
     async def openai_embeddings(body: OpenAIEmbeddingRequest) -> Response:

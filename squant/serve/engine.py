@@ -164,6 +164,7 @@ class _Sequence:
     deadline: float
     future: Future[Any] = field(default_factory=Future)
     enqueued: float = field(default_factory=time.perf_counter)
+    per_token: bool = False  # its result: one row per token, not the pooled row
 
 
 @dataclass
@@ -451,12 +452,22 @@ class Engine:
         self,
         encoded: list[tuple[list[int], list[int] | None]],
         admission: Admission | None = None,
+        per_token: bool = False,
     ) -> list[Future[Any]]:
-        """Queue sequences; returns one future per sequence (its output row). admission: the
+        """Queue sequences; returns one future per sequence (its output row; with per_token,
+        its last hidden state [tokens, dim], for a model that embeds). admission: the
         request's, from admitted(): it stops counting as work on its way."""
+        if per_token and self.task != "embed":
+            raise ValueError("per-token outputs are for models that embed")
         deadline = time.perf_counter() + self.config.timeout_s
         seqs = [
-            _Sequence(ids, types, next(b for b in self.buckets if b >= len(ids)), deadline)
+            _Sequence(
+                ids,
+                types,
+                next(b for b in self.buckets if b >= len(ids)),
+                deadline,
+                per_token=per_token,
+            )
             for ids, types in encoded
         ]
         tokens = sum(s.bucket for s in seqs)
@@ -594,12 +605,13 @@ class Engine:
         return batch
 
     def _fill(self, batch: list[_Sequence], limit: int) -> None:
-        """Move queued sequences of the batch's bucket into it, oldest first (lock held)."""
-        bucket = batch[0].bucket
+        """Move queued sequences of the batch's bucket (and kind of output) into it, oldest
+        first (lock held)."""
+        bucket, per_token = batch[0].bucket, batch[0].per_token
         kept: deque[_Sequence] = deque()
         while self._queue and len(batch) < limit:
             s = self._queue.popleft()
-            if s.bucket == bucket:
+            if s.bucket == bucket and s.per_token == per_token:
                 batch.append(s)
                 self._queued_tokens -= s.bucket
             else:
@@ -635,11 +647,12 @@ class Engine:
             mask[i, :n] = 1
             if s.type_ids is not None:
                 types[i, :n] = s.type_ids
+        per_token = batch[0].per_token
         t0 = time.perf_counter()
-        rows = (self.remote or self.local_rows)(ids, mask, types)
+        rows = (self.remote or self.local_rows)(ids, mask, types, per_token)
         elapsed = time.perf_counter() - t0
         for s, row in zip(batch, rows, strict=True):
-            s.future.set_result(row)
+            s.future.set_result(row[: len(s.ids)] if per_token else row)
         # every worker runs at about this speed: the engine's is instances times it
         rate = mask.size / max(elapsed, 1e-6) * self.placement.instances
         with self._cond:
@@ -654,9 +667,12 @@ class Engine:
             self.stats.inference_seconds += elapsed
             self.stats.queue_seconds += sum(t0 - s.enqueued for s in batch)
 
-    def local_rows(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray) -> Tensor:
+    def local_rows(
+        self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray, per_token: bool = False
+    ) -> Tensor:
         """One padded batch through this process's runner: pooled rows [batch, dim] (the
-        embeddings, or the logits of a model with a head)."""
+        embeddings, or the logits of a model with a head); with per_token, the last hidden
+        state [batch, width, dim]."""
         ids_t, mask_t, types_t = (torch.from_numpy(a) for a in (ids, mask, types))
         inputs = {"input_ids": ids_t, "attention_mask": mask_t, "token_type_ids": types_t}
         with torch.no_grad():
@@ -664,6 +680,8 @@ class Engine:
             if self.task != "embed":
                 return out.logits.float()
             h = out.last_hidden_state
+            if per_token:
+                return h.float()
             if self.pooling == "cls":
                 return h[:, 0].float()
             return mean_pool(h, mask_t)

@@ -202,11 +202,14 @@ class ModelProcess:
             self._free.put(parent)
         self._conns = [parent for parent, _ in pairs]
 
-    def __call__(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray) -> torch.Tensor:
-        """The pooled rows (embeddings or logits) of one padded batch."""
+    def __call__(
+        self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray, per_token: bool = False
+    ) -> torch.Tensor:
+        """The pooled rows (embeddings or logits) of one padded batch; with per_token, its
+        last hidden state."""
         conn = self._free.get()
         try:
-            conn.send((ids, mask, types))
+            conn.send((ids, mask, types, per_token))
             kind, payload = conn.recv()
         except (EOFError, OSError) as e:  # BrokenPipeError is an OSError
             code = self.process.exitcode
