@@ -9,8 +9,10 @@ Only the transformer inside is quantized (its Hugging Face model); pooling, norm
 prompts and the similarity function stay as they were. A saved directory is the
 sentence-transformers layout (modules.json, sentence_bert_config.json, 1_Pooling/ ...) with
 squant's files at the transformer's place (squant.json, model.safetensors, tokenizer) and no
-config.json there, so `SentenceTransformer(dir)` alone fails loudly instead of loading INT8
-tensors into a float model: `squant.load(dir)` is the one call that gives it back.
+config.json there; modules.json declares squant's module for the transformer (st_module.py),
+so `SentenceTransformer(dir)` alone refuses it with a message naming squant's class instead of
+loading INT8 tensors into a float model, and `SentenceTransformer(dir, trust_remote_code=True)`
+loads it through `squant.load(dir)`.
 
 sentence-transformers builds its Transformer module only from a float checkpoint on disk, so
 loading builds it from a stand-in (the real config with no layers and a 2-token vocabulary,
@@ -108,13 +110,47 @@ def _transformer_place(directory: Path) -> None:
         )
 
 
+# modules.json: the type squant declares for the transformer (st_module.py), and the key
+# that keeps the type sentence-transformers wrote, which squant.load puts back
+DECLARED_TYPE = "squant.st_module.Int8Transformer"
+ORIGINAL_TYPE_KEY = "squant_original_type"
+_DEFAULT_TRANSFORMER = "sentence_transformers.models.Transformer"
+
+
+def _declare_int8_module(directory: Path) -> None:
+    """Module 0 of directory's modules.json becomes squant's declared module (st_module.py),
+    keeping the type it had under ORIGINAL_TYPE_KEY."""
+    path = directory / MODULES_FILE
+    modules = json.loads(path.read_text())
+    first = next(m for m in modules if m["idx"] == 0)
+    first[ORIGINAL_TYPE_KEY] = first.get("type", _DEFAULT_TRANSFORMER)
+    first["type"] = DECLARED_TYPE
+    path.write_text(json.dumps(modules, indent=2))
+
+
+def _undeclare_int8_module(directory: Path) -> None:
+    """The inverse, for the copy squant.load builds its SentenceTransformer from; only a
+    sentence-transformers class is put back (anything else could name code to run)."""
+    path = directory / MODULES_FILE
+    modules = json.loads(path.read_text())
+    first = next(m for m in modules if m["idx"] == 0)
+    if first.get("type") != DECLARED_TYPE:
+        return  # saved before squant declared its module
+    original = first.pop(ORIGINAL_TYPE_KEY, None)
+    ok = isinstance(original, str) and original.startswith("sentence_transformers.")
+    first["type"] = original if ok else _DEFAULT_TRANSFORMER
+    path.write_text(json.dumps(modules, indent=2))
+
+
 def save_files(st: Any, directory: Path) -> None:
     """Everything of the SentenceTransformer but its transformer's weights, into directory
     (which squant.save fills with the INT8 model): written by sentence-transformers itself
-    for a copy around a stand-in model, then moved over without the stand-in's files."""
+    for a copy around a stand-in model, then moved over without the stand-in's files; the
+    transformer declared as squant's module (st_module.py)."""
     with tempfile.TemporaryDirectory(prefix="squant-st-") as scratch:
         with_inner(st, _stand_in(inner_model(st).config)).save(scratch)
         _transformer_place(Path(scratch))
+        _declare_int8_module(Path(scratch))
         for item in Path(scratch).iterdir():
             target = directory / item.name
             if item.name not in _FLOAT_MODEL_FILES and not target.exists():  # squant's win
@@ -162,6 +198,7 @@ def load(directory: str | Path, model: nn.Module) -> Any:
             else []
         )
         shutil.copytree(directory, scratch, dirs_exist_ok=True, ignore=skip)
+        _undeclare_int8_module(Path(scratch))
         _stand_in(hf_config(model)).save_pretrained(scratch)
         try:
             st = st_lib.SentenceTransformer(scratch, device="cpu", local_files_only=True)

@@ -105,8 +105,10 @@ def _write_model_card(directory: Path, meta: dict[str, Any]) -> None:
         "# SmoothQuant INT8 model written by squant\n\n"
         f"The weights here are squant {meta['squant_version']} INT8 "
         f"({config.get('mode', '?')} activations) of a {meta['model_class']}. "
-        "Load with `squant.load(directory)` (it returns a SentenceTransformer); plain "
-        "`SentenceTransformer(directory)` cannot read these weights.\n\n"
+        "Load with `squant.load(directory)` (it returns a SentenceTransformer), or with "
+        "squant installed `SentenceTransformer(directory, trust_remote_code=True)`, which "
+        "loads it through the module this directory declares (`squant.st_module`); plain "
+        "`SentenceTransformer(directory)` refuses it.\n\n"
     )
     body = "## Original model card\n\n" + original if original.strip() else ""
     card.write_text(head + body, encoding="utf-8")

@@ -70,8 +70,30 @@ def test_save_and_load_give_the_same_sentence_transformer(st_dir, tmp_path):
     torch.testing.assert_close(
         back.encode(TEXTS, convert_to_tensor=True), q.encode(TEXTS, convert_to_tensor=True)
     )
-    with pytest.raises(Exception):  # noqa: B017, PT011  a loud failure, never random weights
+    # plain sentence-transformers: refused with a message naming squant's declared module,
+    # never random weights; with trust_remote_code it loads through squant
+    with pytest.raises(ValueError, match=r"squant\.st_module\.Int8Transformer.*trust_remote_code"):
         st_lib.SentenceTransformer(str(out), device="cpu")
+    trusted = st_lib.SentenceTransformer(str(out), device="cpu", trust_remote_code=True)
+    torch.testing.assert_close(
+        trusted.encode(TEXTS, convert_to_tensor=True), q.encode(TEXTS, convert_to_tensor=True)
+    )
+    assert "trust_remote_code=True" in card
+
+
+def test_a_declared_module_that_names_other_code_is_not_put_back(st_dir, tmp_path):
+    import json
+
+    q = squant.quantize(_float(st_dir), squant.SmoothQuantConfig(), TEXTS, progress=False)
+    out = squant.save(q, tmp_path / "int8")
+    modules = json.loads((out / "modules.json").read_text())
+    assert modules[0]["type"] == "squant.st_module.Int8Transformer"
+    modules[0]["squant_original_type"] = "os.system"  # crafted: squant.load must not import it
+    (out / "modules.json").write_text(json.dumps(modules))
+    back = squant.load(out)  # loads with sentence-transformers' own Transformer instead
+    torch.testing.assert_close(
+        back.encode(TEXTS, convert_to_tensor=True), q.encode(TEXTS, convert_to_tensor=True)
+    )
 
 
 def test_quantize_command_on_a_sentence_transformers_directory(st_dir, calib_jsonl, tmp_path):
