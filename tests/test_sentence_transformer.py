@@ -72,7 +72,9 @@ def test_save_and_load_give_the_same_sentence_transformer(st_dir, tmp_path):
     )
     # plain sentence-transformers: refused with a message naming squant's declared module,
     # never random weights; with trust_remote_code it loads through squant
-    with pytest.raises(ValueError, match=r"squant\.st_module\.Int8Transformer.*trust_remote_code"):
+    with pytest.raises(
+        ValueError, match=r"(?s)squant\.st_module\.Int8Transformer.*trust_remote_code"
+    ):
         st_lib.SentenceTransformer(str(out), device="cpu")
     trusted = st_lib.SentenceTransformer(str(out), device="cpu", trust_remote_code=True)
     torch.testing.assert_close(
