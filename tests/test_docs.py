@@ -36,3 +36,31 @@ def test_pages_speak_of_the_product_not_its_history(page):
     text = page.read_text(encoding="utf-8")
     for pattern in (r"\bstop \d+\b", r"\bissue \d+\b", r"TARGETS\.md", r"\bthis stop\b"):
         assert not re.search(pattern, text, flags=re.I), f"{page.name}: {pattern}"
+
+
+def _results_index():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "results_index.py"
+    spec = importlib.util.spec_from_file_location("results_index", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_result_file_is_cited_and_every_citation_exists():
+    index = _results_index()
+    cited = index.citations()
+    files = index.result_files()
+    uncited = [f for f in files if not index.cited_by(f, cited)]
+    assert not uncited, f"superseded results (no page cites them): remove {uncited}"
+    broken = [c for c in cited if not any(index.fnmatch.fnmatchcase(f, c) for f in files)]
+    assert not broken, f"pages cite results that do not exist: {broken}"
+
+
+def test_the_results_index_is_current():
+    index = _results_index()
+    assert index.INDEX.read_text(encoding="utf-8") == index.render(), (
+        "benchmarks/results/INDEX.md is stale: run python benchmarks/results_index.py"
+    )
