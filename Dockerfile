@@ -21,7 +21,8 @@ RUN pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu 
 
 RUN useradd --create-home --uid 10001 squant
 USER squant
-# built kernels and compiled code are cached here; mount a volume to keep them across restarts
+# built kernels, model packages and compiled code are cached here; mount a volume to keep
+# them across restarts (a restart then loads the package instead of building it)
 ENV SQUANT_CACHE=/home/squant/.cache/squant \
     TORCHINDUCTOR_CACHE_DIR=/home/squant/.cache/inductor
 EXPOSE 8080

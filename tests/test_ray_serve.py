@@ -58,3 +58,38 @@ def test_two_replicas_answer_and_agree(base_dir):
     finally:
         serve.shutdown()
         ray.shutdown()
+
+
+def test_sigterm_stops_a_ray_backed_server_cleanly(base_dir):
+    """SIGTERM is how an orchestrator stops a server: exit 0, no native stack dump (Ray's
+    fatal-signal handler prints one unless squant handles the signal first)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    squant = os.path.join(os.path.dirname(sys.executable), "squant")
+    args = [squant, "serve", str(base_dir), "--ray", "--port", str(port), "--runtime", "eager"]
+    server = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert server.poll() is None, server.communicate()[0][-2000:]
+            time.sleep(0.5)
+        else:
+            pytest.fail("the Ray-backed server did not become ready in 180 s")
+        server.send_signal(signal.SIGTERM)
+        output, _ = server.communicate(timeout=60)
+    finally:
+        if server.poll() is None:
+            server.kill()
+    assert server.returncode == 0, output[-2000:]
+    assert "SIGTERM received" not in output and "Traceback" not in output, output[-2000:]

@@ -6,7 +6,7 @@ import argparse
 import os
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import SquantError, first_line
 from ..serve.engine import SERVE_BATCH_TOKENS
@@ -292,9 +292,28 @@ def _run_ray(args: argparse.Namespace, http: HttpConfig) -> None:
         args.max_queued_requests,
         http,
     )
+    import signal
+
+    import ray
     from ray import serve
 
     ray_init(args.ray_address)
-    serve.start(http_options={"host": args.host, "port": args.port})
-    print(f"{args.replicas} replica(s) x {cores} core(s) on Ray; http://{args.host}:{args.port}")
-    serve.run(app, blocking=True)
+
+    # Ray's core worker installs a fatal-signal handler that prints a native stack dump on
+    # SIGTERM, the normal way an orchestrator stops a server: stop cleanly instead
+    def stop(signum: int, frame: Any) -> None:
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        serve.start(http_options={"host": args.host, "port": args.port})
+        print(
+            f"{args.replicas} replica(s) x {cores} core(s) on Ray; http://{args.host}:{args.port}"
+        )
+        serve.run(app, blocking=True)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        print("stopping the Ray Serve application", flush=True)
+        serve.shutdown()
+        ray.shutdown()
