@@ -142,7 +142,8 @@ def main() -> None:
         return
 
     from squant.bench.runner import plan
-    from squant.serve.engine import BUCKETS, pin_front_end
+    from squant.placement import pin_front_end
+    from squant.serve.engine import BUCKETS
 
     placement = plan(args.instances, args.cores_per_instance)
     url = f"http://127.0.0.1:{args.port}"

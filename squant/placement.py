@@ -55,3 +55,15 @@ def front_end_cores(placement: Placement) -> tuple[int, ...]:
         return ()
     used = {c for group in placement.cores for c in group}
     return tuple(sorted(set(os.sched_getaffinity(0)) - used))
+
+
+def pin_front_end(placement: Placement) -> tuple[int, ...]:
+    """Move the calling thread, and the threads it starts afterwards (uvicorn's event loop
+    runs on it; asyncio's tokenizer pool is started from it), onto the cores no instance
+    uses, so HTTP, JSON and tokenization stay off the model's cores. Returns those cores; ()
+    when the instances use every core (the front end then shares them) or off Linux. Call it
+    after Engine.start: the workers pin themselves, and warm-up runs on the calling thread."""
+    spare = front_end_cores(placement)
+    if spare:
+        os.sched_setaffinity(0, spare)
+    return spare

@@ -153,7 +153,7 @@ def embed_file_on_ray(
         import ray
     except ImportError:
         raise SquantError("--ray needs the ray extra: pip install 'squant[ray]'") from None
-    from .serve.engine import sentence_settings
+    from .sentence_transformer import sentence_settings
     from .serve.loading import truncation_stated
 
     model = str(Path(model).resolve())

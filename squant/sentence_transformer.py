@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -229,3 +231,60 @@ def quantize(st: Any, config: Any, calibration: Any, inplace: bool, progress: bo
         _set_inner(st, q)
         return st
     return with_inner(st, q)
+
+
+@dataclass(frozen=True)
+class SentenceSettings:
+    """What a sentence-transformers directory says about serving its model: the pooling, whether
+    it normalizes, and max_seq_length (where it truncates, often below the model's positions:
+    256 for all-MiniLM-L6-v2, whose BERT has 512). Directories written before
+    sentence-transformers 6 keep it in sentence_bert_config.json, read here; later ones in the
+    tokenizer's model_max_length, which the Engine reads. A server that truncated at 512 instead
+    embeds long texts unlike sentence-transformers does (real MiniLM, a 600-word text: cosine
+    0.64 against ST's own output)."""
+
+    pooling: str = "mean"
+    normalize: bool = False
+    max_seq_length: int | None = None
+
+
+def sentence_settings(path: str | os.PathLike[str] | None) -> SentenceSettings:
+    """The SentenceSettings of a sentence-transformers directory; the defaults (mean pooling,
+    no normalization, the model's own length) for any other directory."""
+    if path is None:
+        return SentenceSettings()
+    root = Path(path)
+    modules = root / "modules.json"
+    if not modules.is_file():
+        return SentenceSettings()
+    pooling, normalize, max_seq_length = "mean", False, None
+    try:
+        entries = json.loads(modules.read_text())
+        for m in entries:
+            kind = str(m.get("type", ""))
+            if kind.endswith("Normalize"):
+                normalize = True
+            if kind.endswith("Pooling"):
+                cfg = json.loads((root / str(m.get("path", "")) / "config.json").read_text())
+                if cfg.get("pooling_mode_cls_token"):
+                    pooling = "cls"
+        st_config = root / "sentence_bert_config.json"
+        if st_config.is_file():
+            value = json.loads(st_config.read_text()).get("max_seq_length")
+            if value is not None:
+                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                    raise ValueError(f"max_seq_length {value!r} is not a positive integer")
+                max_seq_length = value
+    except (OSError, ValueError, TypeError, AttributeError, RecursionError) as e:
+        raise SquantError(f"{modules}: unreadable sentence-transformers config ({e})") from None
+    return SentenceSettings(pooling, normalize, max_seq_length)
+
+
+def stated_length(tokenizer: Any, max_seq_length: int | None = None) -> int | None:
+    """Where a model directory's files say inputs are truncated: sentence-transformers'
+    legacy max_seq_length when given, else the tokenizer's model_max_length; None where neither
+    says (the model's positions decide; transformers' placeholder for "not set" is 1e30)."""
+    if max_seq_length is not None:
+        return max_seq_length
+    limit = getattr(tokenizer, "model_max_length", None)
+    return limit if isinstance(limit, int) and 0 < limit < 1_000_000 else None

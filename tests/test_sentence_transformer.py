@@ -179,7 +179,8 @@ def test_a_legacy_max_seq_length_wins_and_a_bad_one_is_a_clear_error(st_dir, tmp
     max_seq_length in sentence_bert_config.json, over the tokenizer's model_max_length."""
     import json
 
-    from squant.serve.engine import ServeConfig, sentence_settings
+    from squant.sentence_transformer import sentence_settings
+    from squant.serve.engine import ServeConfig
     from squant.serve.loading import engine_for
 
     legacy = tmp_path / "legacy"

@@ -520,7 +520,7 @@ def test_serve_builds_its_engine_from_a_deploy_directory(deploy_dir):
 def test_malloc_arenas_are_capped_on_glibc():
     import platform
 
-    from squant.serve.engine import limit_malloc_arenas
+    from squant.serve.process_memory import limit_malloc_arenas
 
     if platform.libc_ver()[0] != "glibc":
         pytest.skip("mallopt(M_ARENA_MAX) is glibc's")
@@ -531,7 +531,7 @@ def test_startup_objects_are_frozen_and_new_garbage_is_still_collected():
     import gc
     import weakref
 
-    from squant.serve.engine import freeze_startup_objects
+    from squant.serve.process_memory import freeze_startup_objects
 
     class Node:
         pass
@@ -718,8 +718,7 @@ def test_the_compiled_runner_serves_two_instances_without_recompiling(base_dir):
     reason="needs Linux and two cores",
 )
 def test_the_front_end_moves_off_the_instances_cores():
-    from squant.placement import Placement
-    from squant.serve.engine import pin_front_end
+    from squant.placement import Placement, pin_front_end
 
     cores = sorted(os.sched_getaffinity(0))
     seen: dict[str, Any] = {}

@@ -215,10 +215,10 @@ def run(args: argparse.Namespace) -> None:
     try:
         import uvicorn
 
-        from ..placement import front_end_cores
+        from ..placement import front_end_cores, pin_front_end
         from ..serve.app import create_app
-        from ..serve.engine import freeze_startup_objects, pin_front_end
         from ..serve.header_deadline import header_deadline_protocol
+        from ..serve.process_memory import freeze_startup_objects
     except ImportError as e:
         raise SquantError(
             f"squant serve needs the serve extra: pip install 'squant[serve]' ({e})"

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import functools
-import json
 import math
 import os
 import threading
@@ -32,7 +30,6 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -43,7 +40,9 @@ from ..errors import SquantError
 from ..mappings import max_positions, model_inputs
 from ..monitor import RangeMonitor
 from ..outputs import mean_pool
-from ..placement import Placement, front_end_cores, plan
+from ..placement import front_end_cores, plan
+from ..sentence_transformer import stated_length
+from .process_memory import limit_malloc_arenas, release_free_memory
 from .runtime import ATTENTIONS, RUNTIMES, Attention, Runtime
 
 BUCKETS = (16, 32, 64, 128, 256, 512)
@@ -187,126 +186,6 @@ class Stats:
         self.dropped_deadline = 0
         self.queue_seconds = 0.0
         self.inference_seconds = 0.0
-
-
-@functools.cache
-def _libc() -> Any:
-    """glibc through ctypes, or None where there is none (musl, macOS). Looked up once:
-    find_library runs ldconfig, and the workers trim the heap every few seconds."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    if not name:
-        return None
-    try:
-        libc = ctypes.CDLL(name)
-    except OSError:
-        return None
-    return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
-
-
-def release_free_memory() -> bool:
-    """Give the heap's free pages back to the OS (glibc malloc_trim). After a burst of big
-    batches the freed activation memory otherwise stays in the process: RSS kept the burst's
-    peak (+33%) long after it (docs/serving.md, overload). False without glibc."""
-    libc = _libc()
-    return bool(libc.malloc_trim(0)) if libc is not None else False
-
-
-def freeze_startup_objects() -> int:
-    """Move every object alive now (torch, transformers, the model, compiled graphs) out of
-    the cyclic garbage collector's sight (gc.freeze) and return how many. They live as long
-    as the server; a full collection walked them all: real MiniLM compiled, 914k objects,
-    530-780 ms per full collection, a stall of the event loop and of the workers' Python
-    under traffic. Afterwards a full collection scans only what requests allocated. Call it
-    once loading and warm-up are done."""
-    import gc
-
-    gc.collect()
-    gc.freeze()
-    return gc.get_freeze_count()
-
-
-def pin_front_end(placement: Placement) -> tuple[int, ...]:
-    """Move the calling thread, and the threads it starts afterwards (uvicorn's event loop
-    runs on it; asyncio's tokenizer pool is started from it), onto the cores no instance
-    uses, so HTTP, JSON and tokenization stay off the model's cores. Returns those cores; ()
-    when the instances use every core (the front end then shares them) or off Linux. Call it
-    after Engine.start: the workers pin themselves, and warm-up runs on the calling thread."""
-    spare = front_end_cores(placement)
-    if spare:
-        os.sched_setaffinity(0, spare)
-    return spare
-
-
-def limit_malloc_arenas(count: int) -> bool:
-    """Cap glibc's malloc arenas (mallopt M_ARENA_MAX; arenas made later obey it). False
-    where there is no glibc (musl, macOS): nothing to do there."""
-    libc = _libc()
-    if libc is None:
-        return False
-    try:
-        return bool(libc.mallopt(-8, count))  # -8: M_ARENA_MAX in malloc.h
-    except (OSError, AttributeError):
-        return False
-
-
-@dataclass(frozen=True)
-class SentenceSettings:
-    """What a sentence-transformers directory says about serving its model: the pooling, whether
-    it normalizes, and max_seq_length (where it truncates, often below the model's positions:
-    256 for all-MiniLM-L6-v2, whose BERT has 512). Directories written before
-    sentence-transformers 6 keep it in sentence_bert_config.json, read here; later ones in the
-    tokenizer's model_max_length, which the Engine reads. A server that truncated at 512 instead
-    embeds long texts unlike sentence-transformers does (real MiniLM, a 600-word text: cosine
-    0.64 against ST's own output)."""
-
-    pooling: str = "mean"
-    normalize: bool = False
-    max_seq_length: int | None = None
-
-
-def sentence_settings(path: str | os.PathLike[str] | None) -> SentenceSettings:
-    """The SentenceSettings of a sentence-transformers directory; the defaults (mean pooling,
-    no normalization, the model's own length) for any other directory."""
-    if path is None:
-        return SentenceSettings()
-    root = Path(path)
-    modules = root / "modules.json"
-    if not modules.is_file():
-        return SentenceSettings()
-    pooling, normalize, max_seq_length = "mean", False, None
-    try:
-        entries = json.loads(modules.read_text())
-        for m in entries:
-            kind = str(m.get("type", ""))
-            if kind.endswith("Normalize"):
-                normalize = True
-            if kind.endswith("Pooling"):
-                cfg = json.loads((root / str(m.get("path", "")) / "config.json").read_text())
-                if cfg.get("pooling_mode_cls_token"):
-                    pooling = "cls"
-        st_config = root / "sentence_bert_config.json"
-        if st_config.is_file():
-            value = json.loads(st_config.read_text()).get("max_seq_length")
-            if value is not None:
-                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                    raise ValueError(f"max_seq_length {value!r} is not a positive integer")
-                max_seq_length = value
-    except (OSError, ValueError, TypeError, AttributeError, RecursionError) as e:
-        raise SquantError(f"{modules}: unreadable sentence-transformers config ({e})") from None
-    return SentenceSettings(pooling, normalize, max_seq_length)
-
-
-def stated_length(tokenizer: Any, max_seq_length: int | None = None) -> int | None:
-    """Where a model directory's files say inputs are truncated: sentence-transformers'
-    legacy max_seq_length when given, else the tokenizer's model_max_length; None where neither
-    says (the model's positions decide; transformers' placeholder for "not set" is 1e30)."""
-    if max_seq_length is not None:
-        return max_seq_length
-    limit = getattr(tokenizer, "model_max_length", None)
-    return limit if isinstance(limit, int) and 0 < limit < 1_000_000 else None
 
 
 class Engine:

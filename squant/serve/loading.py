@@ -9,7 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import SquantError
-from .engine import Engine, ServeConfig, sentence_settings, stated_length
+from ..sentence_transformer import sentence_settings, stated_length
+from .engine import Engine, ServeConfig
 
 
 def truncation_stated(path: str | Path, pooling_from: str | Path | None = None) -> int | None:

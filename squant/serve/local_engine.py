@@ -13,7 +13,8 @@ from pathlib import Path
 from torch import nn
 
 from ..errors import SquantError
-from .engine import Engine, ServeConfig, sentence_settings
+from ..sentence_transformer import sentence_settings
+from .engine import Engine, ServeConfig
 from .runtime import compiled_runner, packaged_model, wants_compiled
 
 

@@ -63,7 +63,7 @@ def _child_main(path: str, config: Any, pooling_from: str | None, conns: list[Co
         if cores and hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, cores)  # loading and compiling run on the model's cores
         if config.malloc_arenas:  # as Engine.start does in one process
-            from .engine import limit_malloc_arenas
+            from .process_memory import limit_malloc_arenas
 
             limit_malloc_arenas(config.malloc_arenas)
         engine = local_engine(path, dataclasses.replace(config, model_process=False), pooling_from)
@@ -117,7 +117,7 @@ def _answer(engine: Any, index: int, conn: Connection) -> None:
     """Run the batches that arrive on `conn`. The heap is trimmed here as the Engine's workers
     trim theirs (the activations live in this process): after idle_trim_s without a batch,
     and when no batch is waiting, at most every trim_interval_s."""
-    from .engine import release_free_memory
+    from .process_memory import release_free_memory
 
     cores = engine.placement.cores[index]
     if hasattr(os, "sched_setaffinity"):

@@ -59,8 +59,8 @@ def application(
 
     def build_app() -> Any:  # runs inside each replica
         from .app import create_app
-        from .engine import freeze_startup_objects
         from .loading import engine_for
+        from .process_memory import freeze_startup_objects
 
         rank = serve.get_replica_context().rank
         local_rank = int(getattr(rank, "local_rank", rank))
