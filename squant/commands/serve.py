@@ -9,14 +9,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import SquantError, first_line
-from ..serve.engine import SERVE_BATCH_TOKENS
+from ..serve.engine import ServeConfig
 from .common import add_runtime_argument, port_number, positive_float, positive_int, ray_init
 
 if TYPE_CHECKING:
     from ..serve.app import HttpConfig
-    from ..serve.engine import Engine, ServeConfig
+    from ..serve.engine import Engine
 
 API_KEY_ENV = "SQUANT_API_KEY"
+
+# the engine settings the flags default to (ServeConfig is where each one is explained)
+DEFAULTS = ServeConfig()
 
 HELP = "serve a model over HTTP (TEI/OpenAI-compatible routes, dynamic batching)"
 
@@ -31,43 +34,47 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=port_number, default=8080)
     p.add_argument("--instances", type=positive_int, default=None, help="default: cores / C")
     p.add_argument("--cores-per-instance", type=positive_int, default=None)
-    p.add_argument("--max-batch-requests", type=positive_int, default=32)
+    p.add_argument("--max-batch-requests", type=positive_int, default=DEFAULTS.max_batch_requests)
     p.add_argument(
         "--max-batch-tokens",
         type=positive_int,
-        default=SERVE_BATCH_TOKENS,
+        default=DEFAULTS.max_batch_tokens,
         help="padded tokens per batch (1024 keeps memory flatter under overload)",
     )
-    p.add_argument("--max-queue", type=positive_int, default=1024, help="sequences waiting")
-    p.add_argument("--timeout", type=positive_float, default=30.0, help="seconds in the queue")
+    p.add_argument(
+        "--max-queue", type=positive_int, default=DEFAULTS.max_queue, help="sequences waiting"
+    )
+    p.add_argument(
+        "--timeout", type=positive_float, default=DEFAULTS.timeout_s, help="seconds in the queue"
+    )
     p.add_argument(
         "--max-concurrent",
         type=positive_int,
-        default=512,
+        default=DEFAULTS.max_concurrent,
         help="requests in flight (tokenizing, queued, running); beyond it 429 at once",
     )
     p.add_argument(
         "--malloc-arenas",
         type=int,
-        default=1,
+        default=DEFAULTS.malloc_arenas,
         help="glibc malloc arenas (0: glibc's default); one keeps N workers near one's memory",
     )
     p.add_argument(
         "--max-queue-ms",
         type=float,
-        default=2000.0,
+        default=DEFAULTS.max_queue_ms,
         help="refuse (429) while the queued work would take longer than this to run (0: off)",
     )
     p.add_argument(
         "--max-wait-ms",
         type=float,
-        default=0.0,
+        default=DEFAULTS.max_wait_ms,
         help="a batch short of --max-batch-requests waits this long for more of its length "
         "bucket (0: never; a few ms fills batches when the front end shares the cores)",
     )
     add_runtime_argument(
         p,
-        "auto",
+        DEFAULTS.runtime,
         "a quantized directory runs its package, built once (~1 min) and cached",
     )
     p.add_argument(
@@ -158,8 +165,6 @@ def build_engine(args: argparse.Namespace) -> Engine:
 
 
 def serve_config(args: argparse.Namespace) -> ServeConfig:
-    from ..serve.engine import ServeConfig
-
     return ServeConfig(
         instances=args.instances,
         cores_per_instance=args.cores_per_instance,

@@ -114,9 +114,10 @@ class ServeConfig:
     trim_interval_s: float = 5.0
     buckets: tuple[int, ...] = BUCKETS
     # what runs the batches of a model loaded from a directory (serve/runtime.py): "auto"
-    # compiles squant-quantized models (dynamic shapes, checked against eager at start-up;
-    # if compiling fails, says why and runs eagerly) and runs float ones eagerly; "eager" /
-    # "compiled" force either. Start-up takes 1-2 minutes longer with a cold inductor cache.
+    # runs a quantized directory's AOTInductor package (built on the first start and cached,
+    # serve/package_cache.py; compiled instead when none can be built), compiles a model
+    # quantized at start-up, and runs float checkpoints eagerly; "eager", "package" and
+    # "compiled" force one. Compiling adds 1-2 minutes to every start.
     runtime: Runtime = "auto"
     # the compiled runtime's attention kernel (CompileConfig.attention). "auto" times squant's
     # and PyTorch's in each process and keeps the faster, so two processes may choose
