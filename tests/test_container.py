@@ -73,3 +73,22 @@ def test_compose_passes_the_api_key_variable_serve_reads():
     compose = (ROOT / "deploy" / "compose.yaml").read_text()
     assert f"{API_KEY_ENV}:" in compose
     assert "/home/squant/.cache" in compose  # the kernel and compile caches survive restarts
+
+
+def test_a_wheel_carries_every_file_the_package_reads_besides_its_modules():
+    """A non-editable install (the image's `pip install .`) gets only what package-data lists:
+    without the C++ sources the int8 attention kernel cannot be built there."""
+    import fnmatch
+
+    globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"
+    ]["squant"]
+    package = ROOT / "squant"
+    extra = [
+        p.relative_to(package).as_posix()
+        for p in package.rglob("*")
+        if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts
+    ]
+    assert "py.typed" in extra and any(f.endswith(".cpp") for f in extra)
+    missing = [f for f in extra if not any(fnmatch.fnmatch(f, g) for g in globs)]
+    assert not missing, f"add to [tool.setuptools.package-data]: {missing}"
