@@ -149,6 +149,10 @@ def export(
         example_inputs = example_for(model, config)
     if "input_ids" not in example_inputs or "attention_mask" not in example_inputs:
         raise SquantError("example_inputs needs input_ids and attention_mask")
+    if config.dynamic_batch and example_inputs["input_ids"].shape[0] == 1:
+        # traced at batch 1, torch.export specializes the batch to 1 ("Constraints
+        # violated"): trace a dynamic-batch package at two copies of the row
+        example_inputs = {k: v.repeat(2, *([1] * (v.dim() - 1))) for k, v in example_inputs.items()}
     with atomic_directory(directory, MANIFEST, overwrite=overwrite) as tmp:
         _export_into(model, tmp, example_inputs, tokenizer, config)
     return Path(directory) / PACKAGE

@@ -34,7 +34,16 @@ def named_tensors(out: Any) -> dict[str, Tensor]:
 
 class NamedOutputs(dict[str, Tensor]):
     """Named output tensors read like a transformers ModelOutput: `out.logits`,
-    `out["logits"]`, or in order. What packaged and shape-padded models return."""
+    `out["logits"]`, `out[0]` (by position, as ModelOutput allows), or in order. What packaged
+    and shape-padded models return."""
+
+    def __getitem__(self, key: str | int) -> Tensor:
+        if isinstance(key, int):
+            values = list(self.values())
+            if not -len(values) <= key < len(values):
+                raise IndexError(f"output {key} out of range (the model has {len(values)})")
+            return values[key]
+        return super().__getitem__(key)
 
     def __getattr__(self, name: str) -> Tensor:
         try:

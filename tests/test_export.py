@@ -343,3 +343,16 @@ def test_a_member_name_that_is_not_utf8_is_one_clear_error(
             gc.collect()
         assert message is None or re.search(r"unsafe archive member|cannot load", message)
     assert list(private_tmp.iterdir()) == []
+
+
+def test_named_outputs_read_by_name_attribute_and_position_as_model_output_does():
+    from squant.outputs import NamedOutputs
+
+    h, p = torch.zeros(2, 3, 4), torch.ones(2, 4)
+    out = NamedOutputs(last_hidden_state=h, pooler_output=p)
+    assert out[0] is h and out[1] is p and out[-1] is p
+    assert out["pooler_output"] is p and out.last_hidden_state is h
+    with pytest.raises(IndexError, match="out of range"):
+        out[2]
+    with pytest.raises(KeyError):
+        out["logits"]
