@@ -6,6 +6,7 @@ import dataclasses
 import math
 import os
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -1098,3 +1099,31 @@ def test_embed_all_returns_every_tokens_hidden_state_as_tei_does(embedder, class
     assert client.post("/embed_all", json={"inputs": []}).status_code == 400
     r = classifier[1].post("/embed_all", json={"inputs": "a dog"})
     assert r.status_code == 422 and r.json()["error_type"] == "wrong_route"
+
+
+def test_idle_workers_share_a_big_request_and_busy_ones_batch_it_whole(tokenizer):
+    """8 texts of one length bucket: with both workers idle, each runs half (the request then
+    takes about half as long); with one worker, one batch of 8."""
+    model = tiny_model("bert", vocab_size=len(tokenizer))
+    texts = ["the cat sat on the mat and the dog runs fast"] * 8
+    for instances, expected in ((2, [4, 4]), (1, [8])):
+        sizes: list[int] = []
+
+        def runner(sizes=sizes, **inputs):
+            sizes.append(int(inputs["input_ids"].shape[0]))
+            time.sleep(0.05)  # long enough that both workers are taken
+            return model(**inputs)
+
+        config = ServeConfig(instances=instances, cores_per_instance=1)
+        engine = Engine(model, tokenizer, config, runner=runner)
+        engine.start(warm=False)
+        try:
+            deadline = time.monotonic() + 5
+            while engine._waiting < instances and time.monotonic() < deadline:
+                time.sleep(0.01)  # every worker is waiting for work
+            futures = engine.submit(engine.tokenize(texts))
+            rows = [f.result(timeout=30) for f in futures]
+        finally:
+            engine.stop(1.0)
+        assert sorted(sizes) == expected, instances
+        assert len(rows) == 8 and all(torch.equal(r, rows[0]) for r in rows)
