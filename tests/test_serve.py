@@ -790,6 +790,28 @@ def test_the_openai_sdk_with_its_default_settings_gets_the_served_embeddings(emb
     assert got.usage.total_tokens > 0
 
 
+def test_langchain_openai_embeddings_get_the_served_embeddings(embedder):
+    """LangChain's OpenAIEmbeddings as its docs set it up for servers other than OpenAI's:
+    check_embedding_ctx_length=False, or it pre-tokenizes with OpenAI's tiktoken and sends
+    OpenAI token ids (meaningless to another model's vocabulary). Base64 as by default."""
+    lc = pytest.importorskip("langchain_openai")
+    _, client = embedder
+    embeddings = lc.OpenAIEmbeddings(
+        model="squant",
+        base_url="http://testserver/v1",
+        api_key="unused",
+        http_client=client,
+        check_embedding_ctx_length=False,
+    )
+    texts = ["a dog", "the cat sat on the mat"]
+    got = embeddings.embed_documents(texts)
+    plain = client.post("/v1/embeddings", json={"input": texts}).json()
+    for g, p in zip(got, plain["data"], strict=True):
+        np.testing.assert_allclose(np.asarray(g), p["embedding"], rtol=1e-6)
+    query = embeddings.embed_query("a dog")
+    np.testing.assert_allclose(np.asarray(query), plain["data"][0]["embedding"], rtol=1e-6)
+
+
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
