@@ -557,6 +557,19 @@ class PackagedEncoder(nn.Module):
         return NamedOutputs(zip(self.exported.output_names, out, strict=True))
 
 
+def padded_for_serving(package: PackagedEncoder, pad_token_id: int) -> Any:
+    """The package as a server calls it (shapes.PaddedShapes): any batch as it is for a
+    dynamic-batch package (beyond MAX_BATCH in chunks), else padded to its exported batch; any
+    length for a dynamic-seq package, else padded to its one length."""
+    from .shapes import PaddedShapes
+
+    m = package.exported.manifest
+    buckets = None if m["dynamic_seq"] else (m["seq"],)
+    if m["dynamic_batch"]:
+        return PaddedShapes(package, MAX_BATCH, buckets, pad_token_id, min_seq=2, pad_rows=False)
+    return PaddedShapes(package, m["batch"], buckets, pad_token_id, min_seq=2)
+
+
 def check_host(manifest: dict[str, Any]) -> None:
     """Refuse a package built for instructions this CPU lacks (it would crash with SIGILL)."""
     cpu = cpu_features()

@@ -26,12 +26,11 @@ def local_engine(
 ) -> Engine:
     """An Engine (not started) over the model at `path`, loaded (and compiled, as
     config.runtime says: serve/runtime.py) in this process."""
-    from ..export import MANIFEST, MAX_BATCH, load_packaged
+    from ..export import MANIFEST, load_packaged, padded_for_serving
     from ..models import load_model, load_tokenizer
     from ..placement import plan
     from ..sentence_transformer import inner_model, is_sentence_transformer
     from ..serialization import CONFIG_FILE, load
-    from ..shapes import PaddedShapes
 
     path = Path(path)
     tokenizer = load_tokenizer(path)
@@ -48,14 +47,9 @@ def local_engine(
         placement = plan(config.instances, config.cores_per_instance)
         package = load_packaged(path, num_runners=placement.instances)
         m = package.exported.manifest
-        buckets = None if m["dynamic_seq"] else (m["seq"],)
         pad = int(getattr(tokenizer, "pad_token_id", 0) or 0)
-        if m["dynamic_batch"]:
-            model: nn.Module = PaddedShapes(
-                package, MAX_BATCH, buckets, pad, min_seq=2, pad_rows=False
-            )
-        else:
-            model = PaddedShapes(package, m["batch"], buckets, pad, min_seq=2)
+        model: nn.Module = padded_for_serving(package, pad)
+        if not m["dynamic_batch"]:
             # a bigger batch would run as serial chunks
             batch = min(config.max_batch_requests, int(m["batch"]))
             config = dataclasses.replace(config, max_batch_requests=batch)

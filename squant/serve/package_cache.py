@@ -32,7 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from ..cache import cache_root
-from ..compiler import FloatDtype
+from ..compiler import CompileConfig, FloatDtype
 from ..errors import SquantError, first_line
 from ..hardware import cpu_features
 from ..version import __version__
@@ -62,7 +62,7 @@ def cached_package(
     tokenizer: Any,
     num_runners: int,
     check_inputs: Mapping[str, Tensor],
-    min_cosine: float = 0.999,
+    min_cosine: float = CompileConfig.min_cosine,
 ) -> nn.Module | None:
     """The model as its cached package (built first when there is none), called like the
     model: any batch, any length from 1 to the model's limit. The package is checked against
@@ -70,9 +70,8 @@ def cached_package(
     None, with a warning that says why, when it cannot be built, loaded or does not agree:
     the caller then compiles as before."""
     from ..compiler import agreement
-    from ..export import MANIFEST, MAX_BATCH, ExportConfig, load_packaged
+    from ..export import MANIFEST, ExportConfig, load_packaged, padded_for_serving
     from ..outputs import first_tensor
-    from ..shapes import PaddedShapes
 
     directory = package_cache() / package_key(model_dir)
     pad = int(getattr(tokenizer, "pad_token_id", 0) or 0)
@@ -92,7 +91,7 @@ def cached_package(
                 package = load_packaged(directory, num_runners=num_runners)
             if not package.exported.manifest.get("dynamic_batch"):
                 raise SquantError(f"{directory} holds a fixed-batch package")
-            served = PaddedShapes(package, MAX_BATCH, None, pad, min_seq=2, pad_rows=False)
+            served = padded_for_serving(package, pad)
             with torch.no_grad():
                 output = first_tensor(served(**check_inputs))
             cos = agreement(reference, output, check_inputs.get("attention_mask"))
