@@ -22,8 +22,10 @@ using Loader = torch::inductor::AOTIModelPackageLoader;
 
 std::mutex registry_lock;
 std::vector<std::shared_ptr<Loader>>& registry() {
-  static std::vector<std::shared_ptr<Loader>> loaders;
-  return loaders;
+  // never destroyed: at process exit a static registry's destructor would free loaders after
+  // libtorch's own statics are gone (a segfault after the test suite had passed)
+  static auto* loaders = new std::vector<std::shared_ptr<Loader>>();
+  return *loaders;
 }
 
 std::shared_ptr<Loader> find(int64_t handle) {

@@ -30,7 +30,10 @@ class NativePackageRunner:
 
     def __init__(self, package_path: str, num_runners: int) -> None:
         self.handle = int(torch.ops.squant.load_package(package_path, num_runners))
-        weakref.finalize(self, torch.ops.squant.free_package, self.handle)
+        freed = weakref.finalize(self, torch.ops.squant.free_package, self.handle)
+        # not at interpreter exit: torch may be half torn down by then (the process's exit
+        # releases the memory anyway)
+        freed.atexit = False  # type: ignore[misc]  (a property typeshed lists as a slot)
 
     def __call__(self, *inputs: Tensor) -> Any:
         return torch.ops.squant.run_package(self.handle, list(inputs))
