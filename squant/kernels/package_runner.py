@@ -33,7 +33,7 @@ class NativePackageRunner:
         freed = weakref.finalize(self, torch.ops.squant.free_package, self.handle)
         # not at interpreter exit: torch may be half torn down by then (the process's exit
         # releases the memory anyway)
-        freed.atexit = False  # type: ignore[misc]  (a property typeshed lists as a slot)
+        freed.atexit = False  # type: ignore[misc]
 
     def __call__(self, *inputs: Tensor) -> Any:
         return torch.ops.squant.run_package(self.handle, list(inputs))
