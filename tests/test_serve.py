@@ -135,6 +135,93 @@ def test_openai_base64_and_dimensions_as_the_openai_sdk_asks_for_them(embedder):
         np.testing.assert_allclose(v, full[:8], rtol=1e-6)
 
 
+def test_token_id_inputs_embed_as_their_text_with_or_without_special_tokens(embedder):
+    """OpenAI's and TEI's integer-array inputs: ids of the served model's vocabulary. The ids
+    a tokenizer gives with or without its special tokens both embed as the text does."""
+    engine, client = embedder
+    texts = ["the cat sat on the mat", "a dog", ""]
+    by_text = client.post("/v1/embeddings", json={"input": texts}).json()
+    bare = [engine.tokenizer.encode(t, add_special_tokens=False) for t in texts]
+    framed = [engine.tokenizer(t)["input_ids"] for t in texts]
+    assert framed[1][0] != bare[1][0]  # the fixture's tokenizer does add special tokens
+    for ids in (bare, framed):
+        got = client.post("/v1/embeddings", json={"input": ids}).json()
+        assert got["usage"] == by_text["usage"]  # counted with the special tokens, as text
+        for g, t in zip(got["data"], by_text["data"], strict=True):
+            np.testing.assert_allclose(g["embedding"], t["embedding"], rtol=1e-5, atol=1e-6)
+    one = client.post("/v1/embeddings", json={"input": bare[0]}).json()  # [id]: one input
+    assert len(one["data"]) == 1
+    np.testing.assert_allclose(
+        one["data"][0]["embedding"], by_text["data"][0]["embedding"], rtol=1e-5, atol=1e-6
+    )
+    tei = client.post("/embed", json={"inputs": bare[:2]}).json()  # TEI takes ids too
+    tei_text = client.post("/embed", json={"inputs": texts[:2]}).json()
+    np.testing.assert_allclose(tei, tei_text, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("template", ["[CLS] $A [SEP]", "[CLS] [CLS] $A", "$A"])
+def test_token_ids_are_framed_by_whatever_special_tokens_the_tokenizer_adds(
+    tiny_checkpoint, template
+):
+    """BERT's [CLS] .. [SEP], RoBERTa's <s> .. </s>, a prefix only, none: ids with or without
+    the frame become what the tokenizer makes of the text, truncated the same way."""
+    from tokenizers.processors import TemplateProcessing
+
+    from squant.models import load_tokenizer
+
+    tok = load_tokenizer(tiny_checkpoint)
+    tok._tokenizer.post_processor = TemplateProcessing(
+        single=template, special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
+    )
+    engine = Engine(tiny_model("bert", vocab_size=len(tok)), tok, ServeConfig())
+    texts = ["a dog", "the cat sat on the mat", "", "the red car runs fast " * 20]
+    want = engine.tokenize(texts)
+    bare = [tok.encode(t, add_special_tokens=False) for t in texts]
+    framed = [tok(t)["input_ids"] for t in texts]
+    assert engine.encode_ids(bare) == want
+    assert engine.encode_ids(framed) == want
+
+
+def test_over_long_token_ids_are_truncated_like_text_or_refused(embedder):
+    engine, client = embedder
+    text = "the red car runs fast " * 40
+    ids = engine.tokenizer.encode(text, add_special_tokens=False)
+    assert len(ids) > engine.max_length
+    by_text = client.post("/embed", json={"inputs": text}).json()
+    by_ids = client.post("/embed", json={"inputs": [ids]}).json()
+    np.testing.assert_allclose(by_ids, by_text, rtol=1e-5, atol=1e-6)
+    refused = client.post("/embed", json={"inputs": [ids], "truncate": False})
+    assert refused.status_code == 422 and "exceeds" in refused.json()["error"]
+
+
+def test_the_openai_sdk_sends_token_ids_and_gets_the_texts_embedding(embedder):
+    openai = pytest.importorskip("openai")
+    engine, client = embedder
+    sdk = openai.OpenAI(base_url="http://testserver/v1", api_key="unused", http_client=client)
+    ids = engine.tokenizer.encode("a dog", add_special_tokens=False)
+    got = sdk.embeddings.create(input=[ids], model="squant")
+    plain = client.post("/v1/embeddings", json={"input": "a dog"}).json()
+    np.testing.assert_allclose(got.data[0].embedding, plain["data"][0]["embedding"], rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "message"),
+    [
+        ({"input": [1, 10**6]}, 422, "outside this model's vocabulary"),
+        ({"input": [[5], [-1]]}, 422, "input 1: token id -1"),
+        ({"input": [True, 5]}, 422, ""),  # a bool is not a token id
+        ({"input": [1.0, 5]}, 422, ""),
+        ({"input": ["a", 5]}, 422, ""),  # texts and ids do not mix
+        ({"input": [[1]] * 9}, 413, "at most 8"),
+    ],
+)
+def test_bad_token_ids_are_refused_with_the_reason(embedder, body, status, message):
+    _, client = embedder
+    r = client.post("/v1/embeddings", json=body)
+    assert r.status_code == status, r.text
+    assert message in r.json()["error"]
+
+
 @pytest.mark.parametrize(
     ("route", "body", "status", "kind"),
     [

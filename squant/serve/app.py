@@ -1,8 +1,9 @@
 """HTTP routes over the Engine, compatible with TEI and OpenAI clients.
 
-    POST /embed            {"inputs": str | [str], "normalize": bool?, "truncate": bool?}
-                           -> [[float]]                           (TEI)
-    POST /v1/embeddings    {"input": str | [str], "model": str?}  (OpenAI; usage counts tokens)
+    POST /embed            {"inputs": str | [str] | [id] | [[id]], "normalize": bool?,
+                            "truncate": bool?} -> [[float]]       (TEI)
+    POST /v1/embeddings    {"input": str | [str] | [id] | [[id]], "model": str?}
+                           (OpenAI; usage counts tokens)
     POST /predict          {"inputs": str | [str, str] | [str | [str, str]]}
                            -> [[{"label", "score"}]] per input, best first (TEI)
     POST /rerank           {"query": str, "texts": [str], "raw_scores"?, "return_text"?}
@@ -39,7 +40,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, StrictInt, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 
@@ -60,8 +61,20 @@ INFERENCE_ROUTES = frozenset({"/", "/embed", "/v1/embeddings", "/predict", "/rer
 INLINE_TOKENIZE_CHARS = 2048
 
 
+# what the embedding routes take, as OpenAI and TEI do: a text, texts, one tokenized input
+# (ids of the served model's vocabulary) or several. Strict: true or 1.0 is not a token id.
+EmbedInputs = str | list[str] | list[StrictInt] | list[list[StrictInt]]
+
+
+@dataclass(frozen=True)
+class TokenIds:
+    """Inputs the client tokenized itself: one id list per input."""
+
+    sequences: list[list[int]]
+
+
 class EmbedRequest(BaseModel):
-    inputs: str | list[str]
+    inputs: EmbedInputs
     normalize: bool | None = None
     truncate: bool = True
 
@@ -72,7 +85,7 @@ class EmbedAllRequest(BaseModel):
 
 
 class OpenAIEmbeddingRequest(BaseModel):
-    input: str | list[str]
+    input: EmbedInputs
     model: str | None = None
     # the openai SDK (and LangChain's OpenAIEmbeddings) ask for base64 unless told otherwise
     encoding_format: str = "float"
@@ -248,6 +261,19 @@ def create_app(
     def _texts(inputs: str | list[str]) -> list[Text]:
         return _checked([inputs] if isinstance(inputs, str) else list(inputs))
 
+    def _embed_inputs(inputs: Any) -> list[Text] | TokenIds:
+        """Texts, or token ids: [1, 2] is one tokenized input, [[1, 2], [3]] several."""
+        if isinstance(inputs, str) or not inputs or isinstance(inputs[0], str):
+            return _texts(inputs)
+        sequences = [inputs] if isinstance(inputs[0], int) else inputs
+        if len(sequences) > engine.config.max_inputs:
+            raise ApiError(
+                413,
+                f"{len(sequences)} inputs; at most {engine.config.max_inputs}",
+                "too_many_inputs",
+            )
+        return TokenIds(sequences)
+
     def _predict_texts(inputs: str | list[Any]) -> list[Text]:
         """TEI's shapes: "text"; ["text", "text"] is ONE pair; a batch is a list of [text]
         or [text, text]."""
@@ -269,7 +295,7 @@ def create_app(
         return _checked(items)
 
     async def _run(
-        texts: list[Text], truncate: bool, per_token: bool = False
+        texts: list[Text] | TokenIds, truncate: bool, per_token: bool = False
     ) -> tuple[list[torch.Tensor], int]:
         if not engine.ready:
             raise ApiError(503, "not ready" if not engine.draining else "draining", "unavailable")
@@ -280,11 +306,13 @@ def create_app(
             raise ApiError(429, str(e), "overloaded", {"Retry-After": e.retry_after}) from None
 
     async def _tokenize_and_run(
-        texts: list[Text], truncate: bool, admission: Admission, per_token: bool
+        texts: list[Text] | TokenIds, truncate: bool, admission: Admission, per_token: bool
     ) -> tuple[list[torch.Tensor], int]:
         t0 = time.perf_counter()
         try:
-            if _chars(texts) <= INLINE_TOKENIZE_CHARS:
+            if isinstance(texts, TokenIds):  # tokenized already: checked and framed inline
+                encoded = engine.encode_ids(texts.sequences, truncate)
+            elif _chars(texts) <= INLINE_TOKENIZE_CHARS:
                 encoded = engine.tokenize(texts, truncate)
             else:
                 encoded = await asyncio.to_thread(engine.tokenize, texts, truncate)
@@ -308,9 +336,9 @@ def create_app(
         if engine.task != task:
             raise ApiError(422, f"this model serves /{engine.task}, not /{task}", "wrong_route")
 
-    async def _embed(inputs: str | list[str], normalize: bool | None, truncate: bool) -> Response:
+    async def _embed(inputs: Any, normalize: bool | None, truncate: bool) -> Response:
         _need("embed")
-        rows, _ = await _run(_texts(inputs), truncate)
+        rows, _ = await _run(_embed_inputs(inputs), truncate)
         normalize = engine.normalize_default if normalize is None else normalize
         # written directly: floats from the model need no validation or encoder walk
         return _json([_vector(r, normalize) for r in rows])
@@ -341,7 +369,7 @@ def create_app(
         width = int(hf_config(engine.model).hidden_size)
         if body.dimensions is not None and not 1 <= body.dimensions <= width:
             raise ApiError(422, f"dimensions must be in [1, {width}] for this model", "validation")
-        rows, tokens = await _run(_texts(body.input), True)
+        rows, tokens = await _run(_embed_inputs(body.input), True)
         return _json(
             {
                 "object": "list",

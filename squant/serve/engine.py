@@ -37,7 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import SquantError
-from ..mappings import max_positions, model_inputs
+from ..mappings import hf_config, max_positions, model_inputs
 from ..monitor import RangeMonitor
 from ..outputs import mean_pool
 from ..placement import front_end_cores, plan
@@ -237,6 +237,7 @@ class Engine:
         self._ran_since_trim = False  # work ran since the heap was last trimmed
         self._last_trim = time.perf_counter()
         self.trims = 0
+        self._template: tuple[list[int], list[int], bool] | None = None  # _special_template
         self.ready = False
         self.draining = False
         self.warm_shapes = (0, 0)  # (warmed, to warm): /ready shows start-up progress
@@ -291,6 +292,67 @@ class Engine:
                 )
             out.append((ids, list(enc["token_type_ids"]) if "token_type_ids" in enc else None))
         return out
+
+    def encode_ids(
+        self, sequences: Sequence[Sequence[int]], truncate: bool = True
+    ) -> list[tuple[list[int], list[int] | None]]:
+        """Inputs the client tokenized (OpenAI's and TEI's integer arrays): ids of this
+        model's own vocabulary. The model's special tokens are added as for text unless the
+        ids already begin and end with them, so both `tokenizer(text).input_ids` and
+        `tokenizer.encode(text, add_special_tokens=False)` embed as the text itself does.
+        Ids outside the model's embedding table are an error (the embedding lookup would read
+        past it), as is over-length unless truncate."""
+        prefix, suffix, segments = self._special_template()
+        vocab = int(hf_config(self.model).vocab_size)
+        room = self.max_length - len(prefix) - len(suffix)
+        out = []
+        for n, ids in enumerate(sequences):
+            bad = next((i for i in ids if not 0 <= i < vocab), None)
+            if bad is not None:
+                raise ValueError(
+                    f"input {n}: token id {bad} is outside this model's vocabulary [0, {vocab}); "
+                    "token ids must come from the served model's tokenizer (LangChain's "
+                    "OpenAIEmbeddings sends OpenAI tiktoken ids unless "
+                    "check_embedding_ctx_length=False)"
+                )
+            content = list(ids)
+            carries = (
+                len(content) >= len(prefix) + len(suffix)
+                and content[: len(prefix)] == prefix
+                and content[len(content) - len(suffix) :] == suffix
+            )
+            if carries:
+                content = content[len(prefix) : len(content) - len(suffix)]
+            if len(content) > room:
+                if not truncate:
+                    raise ValueError(
+                        f"input {n} of {len(content) + len(prefix) + len(suffix)} tokens exceeds "
+                        f"the model's {self.max_length}; send truncate=true or fewer ids"
+                    )
+                content = content[:room]
+            full = prefix + content + suffix
+            out.append((full, [0] * len(full) if segments else None))
+        return out
+
+    def _special_template(self) -> tuple[list[int], list[int], bool]:
+        """The special ids the tokenizer puts before and after one text (BERT: [CLS] and
+        [SEP]; RoBERTa, XLM-R: <s> and </s>), read from how it encodes a one-word text, and
+        whether it makes segment ids."""
+        template = self._template
+        if template is None:
+            enc = self._tokenizer()("a", return_special_tokens_mask=True)
+            ids, special = list(enc["input_ids"]), list(enc["special_tokens_mask"])
+            words = [i for i, s in enumerate(special) if not s]
+            if not words or words != list(range(words[0], words[-1] + 1)):
+                raise SquantError(
+                    "this tokenizer's special-token layout is not prefix + text + suffix"
+                )
+            template = self._template = (
+                ids[: words[0]],
+                ids[words[-1] + 1 :],
+                "token_type_ids" in enc,
+            )
+        return template
 
     def token_details(
         self, texts: Sequence[str], add_special_tokens: bool = True
