@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import transformers
 from torch import Tensor, nn
@@ -111,3 +113,12 @@ def last_hidden(model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
     """The encoder's last hidden states, whatever head sits on top (what int8 changes)."""
     with torch.no_grad():
         return model(**batch, output_hidden_states=True).hidden_states[-1]
+
+
+def error_of(response: Any) -> tuple[str, str]:
+    """(message, kind) of a server error in either shape: TEI's {"error", "error_type"}, or
+    OpenAI's {"error": {"message", "code"}} under /v1/."""
+    body = response.json()
+    if isinstance(body["error"], dict):
+        return body["error"]["message"], body["error"]["code"]
+    return body["error"], body["error_type"]

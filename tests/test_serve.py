@@ -22,7 +22,7 @@ from fastapi.testclient import TestClient
 import squant
 from squant.serve.app import create_app
 from squant.serve.engine import Engine, OverloadedError, ServeConfig
-from tests.helpers import cosine, tiny_model, token_batches
+from tests.helpers import cosine, error_of, tiny_model, token_batches
 
 
 @pytest.fixture(scope="module")
@@ -204,6 +204,22 @@ def test_the_openai_sdk_sends_token_ids_and_gets_the_texts_embedding(embedder):
     np.testing.assert_allclose(got.data[0].embedding, plain["data"][0]["embedding"], rtol=1e-5)
 
 
+def test_openai_routes_answer_errors_in_openais_shape_tei_routes_in_teis(embedder):
+    """The openai SDK reads OpenAI's error object into its exception: message, code, type."""
+    openai = pytest.importorskip("openai")
+    _, client = embedder
+    sdk = openai.OpenAI(base_url="http://testserver/v1", api_key="unused", http_client=client)
+    with pytest.raises(openai.UnprocessableEntityError) as caught:
+        sdk.embeddings.create(input="a", model="m", dimensions=100_000)
+    assert caught.value.code == "validation" and caught.value.type == "invalid_request_error"
+    assert "dimensions must be in [1, 64]" in caught.value.message
+    with pytest.raises(openai.NotFoundError) as missing:
+        sdk.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    assert missing.value.code == "not_found"
+    tei = client.post("/embed", json={"inputs": []}).json()
+    assert tei == {"error": "no inputs", "error_type": "empty"}
+
+
 @pytest.mark.parametrize(
     ("body", "status", "message"),
     [
@@ -219,7 +235,7 @@ def test_bad_token_ids_are_refused_with_the_reason(embedder, body, status, messa
     _, client = embedder
     r = client.post("/v1/embeddings", json=body)
     assert r.status_code == status, r.text
-    assert message in r.json()["error"]
+    assert message in error_of(r)[0]
 
 
 @pytest.mark.parametrize(
@@ -240,7 +256,8 @@ def test_bad_requests_get_their_documented_status(embedder, route, body, status,
     _, client = embedder
     r = client.post(route, json=body)
     assert r.status_code == status, r.text
-    assert r.json()["error_type"] == kind and r.json()["error"]
+    message, got_kind = error_of(r)
+    assert got_kind == kind and message
 
 
 @pytest.mark.parametrize(
@@ -257,7 +274,8 @@ def test_a_lone_surrogate_is_a_400_naming_it_not_a_500(embedder, classifier, rou
     _, client = classifier if route == "/predict" else embedder
     r = client.post(route, content=body.encode(), headers={"content-type": "application/json"})
     assert r.status_code == 400, r.text
-    assert "surrogate" in r.json()["error"] and r.json()["error_type"] == "bad_request"
+    message, kind = error_of(r)
+    assert "surrogate" in message and kind == "bad_request"
 
 
 def test_malformed_bodies_and_unknown_routes(embedder):
@@ -389,7 +407,7 @@ def test_overload_is_refused_at_the_front_door_before_the_body_is_read(tokenizer
     for route in ("/embed", "/v1/embeddings", "/predict"):
         r = client.post(route, content=b"{not json")
         assert r.status_code == 429, (route, r.text)
-        assert r.json()["error_type"] == "overloaded" and r.headers["retry-after"] == "1"
+        assert error_of(r)[1] == "overloaded" and r.headers["retry-after"] == "1"
     assert tokenized == []
     assert client.post("/tokenize", content=b"{not json").status_code == 422  # not queued work
     assert client.get("/ready").status_code == 200
@@ -1014,7 +1032,7 @@ def test_an_api_key_guards_every_route_but_the_health_probes(guarded):
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
             r = call(headers)
             assert r.status_code == 401, (path, headers)
-            assert r.json()["error_type"] == "unauthorized"
+            assert error_of(r)[1] == "unauthorized"
             assert r.headers["www-authenticate"] == "Bearer"
         assert call({"Authorization": "Bearer s3cret"}).status_code == 200, path
     assert guarded.get("/health").status_code == 200

@@ -15,7 +15,8 @@
     GET  /v1/models        OpenAI's model list (the one model served)
     GET  /health  /ready  /info  /metrics (Prometheus)
 
-Errors are JSON {"error", "error_type"}: 400 empty input or a body that is not UTF-8, 404
+Errors are JSON {"error", "error_type"} (under /v1/, OpenAI's {"error": {"message", "type",
+"param", "code"}}, code being the error_type): 400 empty input or a body that is not UTF-8, 404
 unknown route, 413 too many inputs or too large a body, 422 malformed JSON, wrong types or
 over-length input with truncate=false, 429 queue full (with
 Retry-After), 503 not ready or draining, 504 deadline passed in the queue. Never a 500 for
@@ -49,6 +50,7 @@ from ..errors import SquantError
 from ..mappings import hf_config
 from ..record import record_of
 from .engine import Admission, DeadlineExceededError, Engine, OverloadedError
+from .error_body import error_body
 from .fast_path import FastRoute
 from .front_door import FrontDoor
 
@@ -188,26 +190,25 @@ def create_app(
     app.state.engine = engine
 
     @app.exception_handler(ApiError)
-    async def _api_error(_req: Request, e: ApiError) -> JSONResponse:
-        return _error(e)
+    async def _api_error(req: Request, e: ApiError) -> JSONResponse:
+        return _error(e, req.url.path)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_req: Request, e: StarletteHTTPException) -> JSONResponse:
+    async def _http(req: Request, e: StarletteHTTPException) -> JSONResponse:
         kinds = {400: "bad_request", 404: "not_found", 405: "method_not_allowed"}
+        kind = kinds.get(e.status_code, "http")
         return JSONResponse(
-            {"error": str(e.detail), "error_type": kinds.get(e.status_code, "http")},
+            error_body(req.url.path, e.status_code, str(e.detail), kind),
             status_code=e.status_code,
             headers=getattr(e, "headers", None),
         )
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_req: Request, e: RequestValidationError) -> JSONResponse:
+    async def _invalid(req: Request, e: RequestValidationError) -> JSONResponse:
         first = e.errors()[0] if e.errors() else {"msg": "invalid body"}
         where = ".".join(str(x) for x in first.get("loc", ()))
-        return JSONResponse(
-            {"error": f"{where}: {first.get('msg')}", "error_type": "validation"},
-            status_code=422,
-        )
+        message = f"{where}: {first.get('msg')}"
+        return JSONResponse(error_body(req.url.path, 422, message, "validation"), status_code=422)
 
     known_routes: set[str] = set()  # filled once every route below is declared
     # added first, so it runs inside the front door (counted, refused early when overloaded)
@@ -351,7 +352,7 @@ def create_app(
         try:
             return await _embed(inputs, normalize, truncate)
         except ApiError as e:
-            return _error(e)
+            return _error(e, "/embed")
 
     @app.post("/embed_all", response_model=list[list[list[float]]])
     async def embed_all(body: EmbedAllRequest) -> Response:
@@ -534,9 +535,9 @@ def create_app(
     return app
 
 
-def _error(e: ApiError) -> JSONResponse:
+def _error(e: ApiError, path: str) -> JSONResponse:
     return JSONResponse(
-        {"error": e.message, "error_type": e.kind}, status_code=e.status, headers=e.headers
+        error_body(path, e.status, e.message, e.kind), status_code=e.status, headers=e.headers
     )
 
 

@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
 from .engine import Engine
+from .error_body import error_body
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -40,10 +41,16 @@ OPEN_PATHS = frozenset({"/health", "/ready"})  # answered without the API key
 
 
 async def reply(
-    send: Send, status: int, body: dict[str, str], headers: tuple[tuple[bytes, bytes], ...] = ()
+    send: Send,
+    path: str,
+    status: int,
+    error: str,
+    kind: str,
+    headers: tuple[tuple[bytes, bytes], ...] = (),
 ) -> None:
-    """A complete JSON response, written without the application."""
-    data = json.dumps(body).encode()
+    """A complete JSON error response, written without the application, in the shape the
+    route's clients read (error_body)."""
+    data = json.dumps(error_body(path, status, error, kind)).encode()
     head = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(data)).encode()),
@@ -98,21 +105,21 @@ class FrontDoor:
         if self.api_key is not None and path not in OPEN_PATHS and not self._authorized(scope):
             error = "missing or wrong API key: send the header Authorization: Bearer KEY"
             challenge = ((b"www-authenticate", b"Bearer"),)
-            await reply(send, 401, {"error": error, "error_type": "unauthorized"}, challenge)
+            await reply(send, path, 401, error, "unauthorized", challenge)
             return 401
         length = header(scope, b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
-            await _too_large(send, self.max_body_bytes)
+            await _too_large(send, path, self.max_body_bytes)
             return 413
         engine = self.engine
         if scope["method"] == "POST" and path in self.inference_routes and engine.ready:
             refused = engine.refusal()
             if refused is not None:
-                body = {"error": str(refused), "error_type": "overloaded"}
-                await reply(send, 429, body, ((b"retry-after", refused.retry_after.encode()),))
+                retry = ((b"retry-after", refused.retry_after.encode()),)
+                await reply(send, path, 429, str(refused), "overloaded", retry)
                 return 429
         status = 500  # what a response that never started counts as
-        bounded = BoundedBody(receive, send, self.max_body_bytes, self.body_timeout_s)
+        bounded = BoundedBody(receive, send, self.max_body_bytes, self.body_timeout_s, path)
 
         async def send_and_note(message: Message) -> None:
             nonlocal status
@@ -140,18 +147,19 @@ class FrontDoor:
         )
 
 
-async def _too_large(send: Send, limit: int) -> None:
-    error = f"body over {limit} bytes"
+async def _too_large(send: Send, path: str, limit: int) -> None:
     close = ((b"connection", b"close"),)
-    await reply(send, 413, {"error": error, "error_type": "payload_too_large"}, close)
+    await reply(send, path, 413, f"body over {limit} bytes", "payload_too_large", close)
 
 
 class BoundedBody:
     """The request's receive, counted: past max_bytes (or after timeout_s without a chunk)
     it answers 413 (408) itself, once, and from then on tells the reader the client left."""
 
-    def __init__(self, receive: Receive, send: Send, max_bytes: int, timeout_s: float) -> None:
-        self._receive, self._send = receive, send
+    def __init__(
+        self, receive: Receive, send: Send, max_bytes: int, timeout_s: float, path: str = "/"
+    ) -> None:
+        self._receive, self._send, self.path = receive, send, path
         self.max_bytes, self.timeout_s = max_bytes, timeout_s
         self.size = 0
         self.answered = 0  # the status the front door answered with (0: none)
@@ -178,4 +186,4 @@ class BoundedBody:
         if not self.response_started:
             self.answered = status
             close = ((b"connection", b"close"),)
-            await reply(self._send, status, {"error": error, "error_type": kind}, close)
+            await reply(self._send, self.path, status, error, kind, close)
