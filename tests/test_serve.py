@@ -2,6 +2,7 @@
 FastAPI's in-process test client)."""
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import math
 import os
@@ -973,23 +974,19 @@ def test_tei_root_route_and_openai_model_list(embedder, classifier):
     assert cls_client.post("/", json=pair).json() == cls_client.post("/predict", json=pair).json()
 
 
-def test_huggingface_hub_inference_client_with_its_defaults(embedder, monkeypatch):
-    """huggingface_hub's InferenceClient(base_url).feature_extraction POSTs to "/" (TEI)."""
+@contextlib.contextmanager
+def _live(app):
+    """The app on a loopback port (clients that build their own HTTP connections)."""
     import socket
     import time
 
-    hub = pytest.importorskip("huggingface_hub")
     import uvicorn
 
-    # either variable puts huggingface_hub offline, and it then refuses even loopback URLs
-    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    _, client = embedder
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     server = uvicorn.Server(
-        uvicorn.Config(client.app, host="127.0.0.1", port=port, log_level="error", lifespan="off")
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", lifespan="off")
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -997,12 +994,29 @@ def test_huggingface_hub_inference_client_with_its_defaults(embedder, monkeypatc
         deadline = time.time() + 10
         while not server.started and time.time() < deadline:
             time.sleep(0.05)
-        got = hub.InferenceClient(base_url=f"http://127.0.0.1:{port}").feature_extraction("a dog")
-        want = client.post("/embed", json={"inputs": "a dog"}).json()
-        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)
+        yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
         thread.join(5)
+
+
+def test_huggingface_hub_inference_client_with_its_defaults(embedder, classifier, monkeypatch):
+    """huggingface_hub's InferenceClient(base_url) POSTs to "/" (TEI): feature_extraction
+    against a base model, text_classification against a classifier."""
+    hub = pytest.importorskip("huggingface_hub")
+    # either variable puts huggingface_hub offline, and it then refuses even loopback URLs
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    _, client = embedder
+    with _live(client.app) as url:
+        got = hub.InferenceClient(base_url=url).feature_extraction("a dog")
+    want = client.post("/embed", json={"inputs": "a dog"}).json()
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)
+    _, cls_client = classifier
+    with _live(cls_client.app) as url:
+        labels = hub.InferenceClient(base_url=url).text_classification("the cat sat")
+    want = cls_client.post("/predict", json={"inputs": "the cat sat"}).json()[0]
+    assert [(x.label, x.score) for x in labels] == [(x["label"], x["score"]) for x in want]
 
 
 @pytest.fixture(scope="module")
