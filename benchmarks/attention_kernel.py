@@ -23,9 +23,9 @@ import torch
 import torch.nn.functional as F
 
 from squant import kernels
+from squant.bench.report import format_table
 from squant.hardware import cpu_features
 from squant.provenance import commit, versions
-from squant.report import format_table
 
 DEFAULT_SHAPES = "1x128x12x32,8x128x12x32,32x128x12x32,1x256x12x64,8x128x12x64,1x256x16x64"
 

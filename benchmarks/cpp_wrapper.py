@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import squant
 from squant.bench.configs import random_calibration, random_inputs, random_model
-from squant.compiler import CompileConfig
-from squant.report import format_table
+from squant.bench.report import format_table
+from squant.runtime.compiler import CompileConfig
 
 
 def concurrent_rate(compiled, inputs, threads: int, calls: int = 6) -> float:

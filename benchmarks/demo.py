@@ -16,9 +16,9 @@ from pathlib import Path
 
 import torch
 
+from squant.bench.report import format_table
 from squant.eval.probe_eval import ProbeSettings, evaluate_probe
 from squant.provenance import provenance
-from squant.report import format_table
 
 
 def minilm_dir() -> Path:

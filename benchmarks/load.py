@@ -37,7 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.http1 import Http1Pool, HTTPError
-from squant.report import format_table
+from squant.bench.report import format_table
 
 
 def read_pool(path: str, n: int, seed: int = 0, join: int = 1) -> list[str]:

@@ -26,12 +26,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import squant
-from squant.compiler import agreement
-from squant.models import load_tokenizer
-from squant.outputs import first_tensor
+from squant.bench.report import format_table
+from squant.checkpoint.models import load_tokenizer
+from squant.checkpoint.sentence_transformer import inner_model, is_sentence_transformer
 from squant.provenance import provenance
-from squant.report import format_table
-from squant.sentence_transformer import inner_model, is_sentence_transformer
+from squant.runtime.compiler import agreement
+from squant.runtime.outputs import first_tensor
 from squant.serve.runtime import compiled_runner, packaged_model
 
 SHAPES = ((1, 16), (1, 128), (8, 32), (16, 128), (32, 16))

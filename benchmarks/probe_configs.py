@@ -22,8 +22,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import squant
+from squant.bench.report import format_table
 from squant.eval.probe_eval import ProbeSettings, prepare_probe
-from squant.report import format_table
 
 CONFIGS = {
     "static (defaults)": squant.SmoothQuantConfig(mode="static"),

@@ -46,7 +46,7 @@ from benchmarks.load import (
     server_counters,
     wait_ready,
 )
-from squant.report import format_table
+from squant.bench.report import format_table
 
 # the server variants: extra `squant serve` flags
 VARIANTS = {
@@ -61,10 +61,10 @@ def bench_helper(args: argparse.Namespace) -> None:
 
     import squant
     from squant.bench.runner import plan, run
-    from squant.compiler import CompileConfig
-    from squant.mappings import model_inputs
-    from squant.models import load_tokenizer
-    from squant.sentence_transformer import inner_model, is_sentence_transformer
+    from squant.checkpoint.models import load_tokenizer
+    from squant.checkpoint.sentence_transformer import inner_model, is_sentence_transformer
+    from squant.quant.mappings import model_inputs
+    from squant.runtime.compiler import CompileConfig
 
     loaded = squant.load(args.model)
     model = inner_model(loaded) if is_sentence_transformer(loaded) else loaded
@@ -142,7 +142,7 @@ def main() -> None:
         return
 
     from squant.bench.runner import plan
-    from squant.placement import pin_front_end
+    from squant.runtime.placement import pin_front_end
     from squant.serve.engine import BUCKETS
 
     placement = plan(args.instances, args.cores_per_instance)

@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.http1 import Http1Pool, HTTPError
 from benchmarks.load import read_pool, wait_ready
+from squant.bench.report import format_table
 from squant.provenance import provenance
-from squant.report import format_table
 
 
 def metric(url: str, name: str) -> float:

@@ -38,12 +38,12 @@ from competitors import (
 )
 
 from squant.bench.configs import random_inputs, random_model
+from squant.bench.report import format_table
+from squant.bench.variants import BuildContext, build
 from squant.hardware import cpu_features
-from squant.outputs import first_tensor
 from squant.provenance import provenance
-from squant.report import format_table
-from squant.timing import summarize
-from squant.variants import BuildContext, build
+from squant.runtime.outputs import first_tensor
+from squant.runtime.timing import summarize
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -58,7 +58,7 @@ def compiled_note(model) -> str | None:
 
 
 def squant_variant(name: str):
-    """A variant from squant's registry (squant/variants.py), as deployed."""
+    """A variant from squant's registry (squant/bench/variants.py), as deployed."""
 
     def setup(model, calibration, inputs):
         context = BuildContext(calibration, example_inputs=inputs, progress=False)
@@ -76,7 +76,7 @@ def squant_compiled_with(mode: str, quantize_options=None, **compile_options):
 
     def setup(model, calibration, inputs):
         import squant
-        from squant.compiler import CompileConfig
+        from squant.runtime.compiler import CompileConfig
 
         config = squant.SmoothQuantConfig(mode=mode, **(quantize_options or {}))
         q = squant.quantize(model, config, calibration, progress=False)

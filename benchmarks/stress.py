@@ -19,12 +19,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import squant
+from squant.bench.report import format_table
+from squant.checkpoint.models import load_model, load_tokenizer
 from squant.data import tokenize
 from squant.eval.probe import last_hidden_state
-from squant.mappings import max_positions, model_inputs
-from squant.models import load_model, load_tokenizer
-from squant.qlinear import QuantLinear, add_outliers
-from squant.report import format_table
+from squant.quant.mappings import max_positions, model_inputs
+from squant.quant.qlinear import QuantLinear, add_outliers
 
 
 def stress_inputs(snli_rows: list[dict]) -> dict[str, str]:

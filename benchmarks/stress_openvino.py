@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from competitors.openvino_nncf import _KeywordCall
 from stress import embed_one, load_setup, stress_inputs
 
-from squant.report import format_table
+from squant.bench.report import format_table
 
 
 def main() -> None:

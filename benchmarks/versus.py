@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.http1 import Http1Pool
 from benchmarks.load import read_pool, references, run_closed, wait_ready
+from squant.bench.report import format_table
 from squant.provenance import provenance
-from squant.report import format_table
 
 
 async def rounds(args: argparse.Namespace, pool: list[str]) -> list[dict]:

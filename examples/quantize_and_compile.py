@@ -14,7 +14,7 @@ import argparse
 import torch
 
 import squant
-from squant.models import load_model, load_tokenizer
+from squant.checkpoint.models import load_model, load_tokenizer
 
 SENTENCES = [
     "the cat sat on the mat .",

@@ -61,7 +61,7 @@ def deploy_dir(tiny_checkpoint, calib_jsonl, tmp_path_factory):
 def base_dir(tiny_checkpoint, tmp_path_factory):
     """A tiny base model (it embeds), quantized and saved with the checkpoint's tokenizer."""
     import squant
-    from squant.models import load_tokenizer
+    from squant.checkpoint.models import load_tokenizer
 
     tok = load_tokenizer(tiny_checkpoint)
     model = tiny_model("bert", vocab_size=len(tok))

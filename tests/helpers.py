@@ -8,7 +8,7 @@ import torch
 import transformers
 from torch import Tensor, nn
 
-from squant.outputs import first_tensor as main_output
+from squant.runtime.outputs import first_tensor as main_output
 
 ARCHS = ("bert", "distilbert", "roberta", "xlm-roberta")
 HEADS = ("base", "sequence-classification", "question-answering", "token-classification")

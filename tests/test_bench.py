@@ -9,8 +9,8 @@ import torch
 from squant.bench import runner
 from squant.cli import main
 from squant.errors import SquantError
-from squant.placement import plan
-from squant.timing import measure, summarize
+from squant.runtime.placement import plan
+from squant.runtime.timing import measure, summarize
 
 CORES = sorted(os.sched_getaffinity(0))
 

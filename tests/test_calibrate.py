@@ -1,14 +1,14 @@
 import pytest
 import torch
 
-from squant.calibrate import (
+from squant.errors import SquantError
+from squant.quant.calibrate import (
     ChannelRange,
     Histogram,
     InputObservers,
     TokenSample,
     prepare_batches,
 )
-from squant.errors import SquantError
 from tests.helpers import tiny_model
 
 
@@ -101,7 +101,7 @@ def test_token_sample_is_bounded_and_drawn_from_every_batch():
 
 def test_range_monitor_counts_inputs_outside_calibration():
     import squant
-    from squant.monitor import RangeMonitor
+    from squant.quant.monitor import RangeMonitor
     from tests.helpers import tiny_model, token_batches
 
     model = tiny_model("bert", outliers=True)
@@ -123,7 +123,7 @@ def test_range_monitor_counts_inputs_outside_calibration():
 
 
 def test_extreme_tokens_keep_the_largest_rows_across_batches():
-    from squant.calibrate import ExtremeTokens
+    from squant.quant.calibrate import ExtremeTokens
 
     g = torch.Generator().manual_seed(0)
     stream = [torch.randn(50, 8, generator=g) for _ in range(4)]

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import squant
+from squant.checkpoint.models import load_model, load_tokenizer
 from squant.cli import main
-from squant.models import load_model, load_tokenizer
 
 
 def test_quantize_command_writes_a_loadable_model(tiny_checkpoint, calib_jsonl, tmp_path, capsys):
@@ -421,8 +421,8 @@ def test_inputs_that_once_raised_tracebacks_are_one_line_errors(
 
 def test_analyze_defaults_fit_a_model_with_few_positions(tiny_checkpoint, capsys, tmp_path):
     """The default --seq (256) is cut to the model's positions instead of failing."""
-    from squant.mappings import max_positions
-    from squant.models import load_model
+    from squant.checkpoint.models import load_model
+    from squant.quant.mappings import max_positions
 
     assert max_positions(load_model(tiny_checkpoint, task="base")) < 256
     record = tmp_path / "a.json"

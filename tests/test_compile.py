@@ -8,7 +8,7 @@ import torch
 from torch._inductor.utils import run_and_get_code
 
 import squant
-from squant.compiler import CompileConfig
+from squant.runtime.compiler import CompileConfig
 from tests.helpers import cosine, last_hidden, tiny_model, token_batches
 
 LAYERS = 2
@@ -132,7 +132,7 @@ def test_auto_float_parts_fall_back_to_fp32_when_bf16_disagrees(bert_static, mon
     (BF16) is made to fail here, whatever the CPU, so the fallback path runs."""
     import types
 
-    import squant.compiler as compiler
+    import squant.runtime.compiler as compiler
 
     torch._dynamo.reset()
     _, q = bert_static
@@ -189,7 +189,7 @@ def test_attention_is_chosen_by_measurement(bert_static):
 
 
 def test_the_guard_reads_real_tokens_not_padding():
-    from squant.compiler import agreement
+    from squant.runtime.compiler import agreement
 
     torch.manual_seed(0)
     ref = torch.randn(2, 6, 8)

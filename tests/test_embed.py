@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 
 import squant
 from squant.cli import main
-from squant.embed import embed_file
+from squant.embed.local import embed_file
 from squant.serve.engine import ServeConfig
 
 TEXTS = [

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from squant.models import load_tokenizer
+from squant.checkpoint.models import load_tokenizer
 from tests.helpers import tiny_model
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

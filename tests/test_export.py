@@ -11,7 +11,7 @@ import torch
 
 import squant
 from squant.errors import SquantError
-from squant.export import KERNEL_LIBRARY, MANIFEST, check_host
+from squant.runtime.export import KERNEL_LIBRARY, MANIFEST, check_host
 from tests.helpers import tiny_model, token_batches
 
 
@@ -110,7 +110,7 @@ def _rewrite_manifest(directory, **changes):
 
 
 def _rehash(directory):
-    from squant.export import _sha256
+    from squant.runtime.export import _sha256
 
     _rewrite_manifest(directory, sha256=_sha256(directory / "model.pt2"))
 
@@ -258,7 +258,7 @@ def test_runner_takes_segments_where_the_architecture_has_them(exported):
 
 def test_packaged_model_is_called_like_the_hf_model_at_any_batch(exported):
     directory, _, _, q = exported  # exported for [4, 12]
-    from squant.shapes import PaddedShapes
+    from squant.runtime.shapes import PaddedShapes
 
     packaged = squant.load_packaged(directory)
     assert packaged.config.num_labels == q.config.num_labels  # config.json beside the package
@@ -346,7 +346,7 @@ def test_a_member_name_that_is_not_utf8_is_one_clear_error(
 
 
 def test_named_outputs_read_by_name_attribute_and_position_as_model_output_does():
-    from squant.outputs import NamedOutputs
+    from squant.runtime.outputs import NamedOutputs
 
     h, p = torch.zeros(2, 3, 4), torch.ones(2, 4)
     out = NamedOutputs(last_hidden_state=h, pooler_output=p)

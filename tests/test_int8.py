@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from squant import int8
-from squant.qlinear import QuantLinear, SmoothedLinear
+from squant.quant.qlinear import QuantLinear, SmoothedLinear
 
 
 def test_quantize_weight_error_is_within_half_a_step():
@@ -132,7 +132,7 @@ def test_int8_gemm_never_runs_a_reference_kernel(tmp_path):
         """
         import torch
         from torch import nn
-        from squant.qlinear import QuantLinear, SmoothedLinear
+        from squant.quant.qlinear import QuantLinear, SmoothedLinear
         lin = SmoothedLinear.from_linear(nn.Linear(256, 512), torch.ones(256))
         for mode in ("static", "dynamic"):
             q = QuantLinear.from_float(lin, mode, (-3.0, 3.0) if mode == "static" else None)

@@ -9,10 +9,10 @@ import torch
 
 import squant
 from squant import kernels
-from squant.attention import SQUANT_INT8_ATTENTION, uses_int8_attention
-from squant.compiler import CompileConfig
 from squant.errors import SquantError
-from squant.mappings import hf_config
+from squant.quant.attention import SQUANT_INT8_ATTENTION, uses_int8_attention
+from squant.quant.mappings import hf_config
+from squant.runtime.compiler import CompileConfig
 from tests.helpers import cosine, last_hidden, tiny_model, token_batches
 
 ALL_PATHS = ("avx512_vnni", "avx2", "scalar")
@@ -130,7 +130,7 @@ def test_int8_attention_is_the_default_and_the_record_states_it(bert_pair):
 
 
 def test_auto_attention_stays_float_with_a_warning_where_the_kernel_cannot_build(monkeypatch):
-    from squant.attention import resolve_attention_kind
+    from squant.quant.attention import resolve_attention_kind
 
     def no_compiler() -> None:
         raise SquantError("needs a C++ compiler (g++ or clang++); none was found")
@@ -189,7 +189,7 @@ def test_pt2_with_int8_attention_ships_the_kernel_and_runs_without_squant(bert_p
     import sys
     import textwrap
 
-    from squant.export import KERNEL_LIBRARY, load_packaged
+    from squant.runtime.export import KERNEL_LIBRARY, load_packaged
 
     _, _, q = bert_pair
     inputs = token_batches(n=1, seed=3)[0]

@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 import squant
-from squant.compiler import CompileConfig
-from squant.qlinear import QuantLinear, SmoothedLinear, add_outliers
+from squant.quant.qlinear import QuantLinear, SmoothedLinear, add_outliers
+from squant.runtime.compiler import CompileConfig
 from tests.helpers import cosine, last_hidden, sqnr_db, tiny_model, token_batches
 
 EVERY_SITE = ("qkv", "attn_out", "ffn_in", "ffn_out")

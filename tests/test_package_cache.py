@@ -14,14 +14,14 @@ import torch
 
 import squant
 from squant import kernels
-from squant.compiler import agreement
-from squant.export import MAX_BATCH, ExportConfig, export, load_exported
+from squant.checkpoint.models import load_tokenizer
 from squant.kernels.package_runner import NativePackageRunner
-from squant.models import load_tokenizer
+from squant.runtime.compiler import agreement
+from squant.runtime.export import MAX_BATCH, ExportConfig, export, load_exported
+from squant.runtime.shapes import PaddedShapes
 from squant.serve.engine import ServeConfig
 from squant.serve.loading import engine_for
 from squant.serve.package_cache import package_cache, package_key
-from squant.shapes import PaddedShapes
 
 ONE_CORE = {"instances": 1, "cores_per_instance": 1}
 
@@ -71,7 +71,7 @@ def test_a_quantized_directory_is_served_from_its_package_built_once(
     def no_export(*args, **kwargs):
         raise AssertionError("exported again although the package is cached")
 
-    monkeypatch.setattr(sys.modules["squant.export"], "export", no_export)
+    monkeypatch.setattr(sys.modules["squant.runtime.export"], "export", no_export)
     again = engine_for(base_dir, ServeConfig(**ONE_CORE))
     assert again.model.model.exported.manifest["sha256"] == exported.manifest["sha256"]
 
@@ -100,7 +100,7 @@ def test_a_package_that_disagrees_is_dropped_and_the_model_compiled(
         return _FakeCompiled(model)
 
     monkeypatch.setattr(squant, "compile", fake_compile)
-    monkeypatch.setattr("squant.compiler.agreement", lambda *a: 0.5)
+    monkeypatch.setattr("squant.runtime.compiler.agreement", lambda *a: 0.5)
     with pytest.warns(UserWarning, match=r"disagrees with the eager model \(cosine 0.50000"):
         engine = engine_for(base_dir, ServeConfig(**ONE_CORE))
     assert len(compiled) == 1 and isinstance(engine.runner, _FakeCompiled)

@@ -5,8 +5,8 @@ import torch
 from torch import nn
 
 import squant
-from squant.attention import FusedSelfAttention
-from squant.qlinear import QuantLinear
+from squant.quant.attention import FusedSelfAttention
+from squant.quant.qlinear import QuantLinear
 from tests.helpers import (
     ARCHS,
     HEADS,
@@ -221,7 +221,7 @@ def test_dynamic_sites_and_calibration_coverage_are_recorded():
     assert {m.mode for m in pure.squant_info.modules.values()} == {"static"}
     seen = q.squant_info.calibration
     lengths = [int(n) for b in batches for n in b["attention_mask"].sum(1)]
-    assert seen == squant.record.Coverage(
+    assert seen == squant.quant.record.Coverage(
         sequences=len(lengths),
         tokens=sum(lengths),
         min_length=min(lengths),

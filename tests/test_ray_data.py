@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import ray
 
 from squant.cli import main
-from squant.embed import embed_file, offline_config
-from squant.ray_data import claim_cores, embed_file_on_ray
+from squant.embed.local import embed_file, offline_config
+from squant.embed.ray_data import claim_cores, embed_file_on_ray
 
 TEXTS = [f"text number {i} about {'cats' if i % 3 else 'the weather today'}" for i in range(37)]
 TEXTS[5] = ""  # an empty row

@@ -46,9 +46,9 @@ def test_default_compile_accepts_real_weights_with_padded_batches(minilm_dir):
     import torch
 
     import squant
-    from squant.compiler import agreement
-    from squant.models import load_model, load_tokenizer
-    from squant.outputs import first_tensor
+    from squant.checkpoint.models import load_model, load_tokenizer
+    from squant.runtime.compiler import agreement
+    from squant.runtime.outputs import first_tensor
 
     model, tok = load_model(minilm_dir, task="base"), load_tokenizer(minilm_dir)
     lines = (SNLI / "snli_1.0_train_subset.jsonl").read_text().splitlines()
@@ -82,7 +82,7 @@ def test_defaults_hold_on_the_stress_set(minilm_dir):
 
     import squant
     from squant.data import tokenize
-    from squant.mappings import max_positions
+    from squant.quant.mappings import max_positions
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     from stress import embed_one, load_setup, stress_inputs

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 import squant
+from squant.checkpoint.models import looks_like_hub_id, resolve
 from squant.cli import main
 from squant.errors import SquantError
-from squant.models import looks_like_hub_id, resolve
-from squant.qlinear import QuantLinear
+from squant.quant.qlinear import QuantLinear
 from tests.conftest import WORDS
 
 st_lib = pytest.importorskip("sentence_transformers", reason="pip install 'squant[st]'")
@@ -154,7 +154,7 @@ def test_serving_truncates_where_sentence_transformers_does(st_dir):
     """The server cuts at the directory's max_seq_length (48 here; 256 for all-MiniLM-L6-v2),
     not at the model's 512 positions, so a long text embeds as sentence-transformers embeds
     it; buckets and the advertised length follow."""
-    from squant.embed import embed_texts
+    from squant.embed.local import embed_texts
     from squant.serve.engine import ServeConfig
     from squant.serve.loading import engine_for
 
@@ -179,7 +179,7 @@ def test_a_legacy_max_seq_length_wins_and_a_bad_one_is_a_clear_error(st_dir, tmp
     max_seq_length in sentence_bert_config.json, over the tokenizer's model_max_length."""
     import json
 
-    from squant.sentence_transformer import sentence_settings
+    from squant.checkpoint.sentence_transformer import sentence_settings
     from squant.serve.engine import ServeConfig
     from squant.serve.loading import engine_for
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import squant
-from squant.qlinear import QuantLinear
+from squant.quant.qlinear import QuantLinear
 from tests.helpers import last_hidden, run, tiny_model, token_batches
 
 
@@ -212,7 +212,7 @@ def test_save_refuses_foreign_and_source_directories(tmp_path, saved, tiny_check
     squant.save(q, foreign, overwrite=True)
     assert not (foreign / "notes.txt").exists() and (foreign / "squant.json").is_file()
     # a model loaded from a checkpoint never overwrites that checkpoint (nor a folder around it)
-    from squant.models import load_model
+    from squant.checkpoint.models import load_model
 
     model = load_model(tiny_checkpoint)
     batches = [

@@ -28,7 +28,7 @@ from tests.helpers import cosine, error_of, tiny_model, token_batches
 
 @pytest.fixture(scope="module")
 def tokenizer(tiny_checkpoint):
-    from squant.models import load_tokenizer
+    from squant.checkpoint.models import load_tokenizer
 
     return load_tokenizer(tiny_checkpoint)
 
@@ -53,7 +53,7 @@ def embedder(tokenizer):
 
 @pytest.fixture(scope="module")
 def classifier(tiny_checkpoint, tokenizer):
-    from squant.models import load_model
+    from squant.checkpoint.models import load_model
 
     model = load_model(tiny_checkpoint)
     q = squant.quantize(model, calibration=_calib(model), progress=False)
@@ -168,7 +168,7 @@ def test_token_ids_are_framed_by_whatever_special_tokens_the_tokenizer_adds(
     the frame become what the tokenizer makes of the text, truncated the same way."""
     from tokenizers.processors import TemplateProcessing
 
-    from squant.models import load_tokenizer
+    from squant.checkpoint.models import load_tokenizer
 
     tok = load_tokenizer(tiny_checkpoint)
     tok._tokenizer.post_processor = TemplateProcessing(
@@ -596,8 +596,8 @@ def test_serve_builds_its_engine_from_a_deploy_directory(deploy_dir):
     batch; each request still gets its own result."""
     import argparse
 
+    from squant.checkpoint.models import load_tokenizer
     from squant.commands.serve import add_arguments, build_engine
-    from squant.models import load_tokenizer
 
     quantized, deploy = deploy_dir
     q, tok = squant.load(quantized), load_tokenizer(deploy)
@@ -663,7 +663,7 @@ def test_a_float_checkpoint_is_quantized_at_start_up_with_calib(
     import argparse
 
     from squant.commands.serve import add_arguments, build_engine
-    from squant.qlinear import QuantLinear
+    from squant.quant.qlinear import QuantLinear
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
@@ -774,7 +774,7 @@ def test_compiled_runtime_compiles_at_the_workers_thread_count(
 
 
 def test_a_failed_compile_serves_eagerly_unless_compiled_was_asked_for(base_dir, monkeypatch):
-    from squant.embed import offline_config  # bulk embedding compiles by default
+    from squant.embed.local import offline_config  # bulk embedding compiles by default
     from squant.serve.loading import engine_for
 
     def broken(model, config, example_inputs):
@@ -825,7 +825,7 @@ def test_the_compiled_runner_serves_two_instances_without_recompiling(base_dir):
     reason="needs Linux and two cores",
 )
 def test_the_front_end_moves_off_the_instances_cores():
-    from squant.placement import Placement, pin_front_end
+    from squant.runtime.placement import Placement, pin_front_end
 
     cores = sorted(os.sched_getaffinity(0))
     seen: dict[str, Any] = {}

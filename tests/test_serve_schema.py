@@ -26,7 +26,7 @@ st = hypothesis.strategies
 
 @pytest.fixture(scope="module")
 def quantized(tiny_checkpoint):
-    from squant.models import load_tokenizer
+    from squant.checkpoint.models import load_tokenizer
 
     tokenizer = load_tokenizer(tiny_checkpoint)
     model = tiny_model("bert", vocab_size=len(tokenizer))

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from squant.qlinear import SmoothedLinear
-from squant.smooth import (
+from squant.quant.qlinear import SmoothedLinear
+from squant.quant.smooth import (
     S_MAX,
     int8_output_error,
     search_alpha,

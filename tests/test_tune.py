@@ -11,7 +11,7 @@ from torch import nn
 
 import squant
 from squant.eval.task import Task
-from squant.tune import TuneConfig, sensitivity, tune
+from squant.eval.tune import TuneConfig, sensitivity, tune
 from tests.helpers import last_hidden, tiny_model, token_batches
 
 FRAGILE = "encoder.layer.1.output.dense"

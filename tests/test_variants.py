@@ -4,11 +4,11 @@ import pytest
 import torch
 
 import squant
+from squant.bench.variants import VARIANT_NAMES, BuildContext, Variant, build, parse, parse_variants
 from squant.errors import SquantError
-from squant.mappings import input_names, model_inputs
-from squant.outputs import NamedOutputs
-from squant.shapes import PaddedShapes, buckets_up_to
-from squant.variants import VARIANT_NAMES, BuildContext, Variant, build, parse, parse_variants
+from squant.quant.mappings import input_names, model_inputs
+from squant.runtime.outputs import NamedOutputs
+from squant.runtime.shapes import PaddedShapes, buckets_up_to
 from tests.helpers import cosine, tiny_model, token_batches
 
 

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from squant.outputs import first_tensor
+from squant.runtime.outputs import first_tensor
 
 
 def main_output(out: Any) -> Tensor:

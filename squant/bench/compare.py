@@ -12,12 +12,12 @@ import torch
 from tqdm.auto import tqdm
 
 from ..hardware import cpu_features
-from ..placement import Placement
-from ..report import format_table
-from ..shapes import fitted_shape
-from ..variants import BuildContext, build, parse_variants
+from ..runtime.placement import Placement
+from ..runtime.shapes import fitted_shape
 from . import runner
 from .configs import random_calibration, random_inputs
+from .report import format_table
+from .variants import BuildContext, build, parse_variants
 
 HEADERS = ["variant", "N x C", "seq/s (all)", "p50 ms", "p90 ms", "p99 ms", "vs FP32", "vs BF16"]
 

@@ -13,7 +13,7 @@ import transformers
 from torch import Tensor, nn
 
 from ..errors import SquantError
-from ..mappings import hf_config
+from ..quant.mappings import hf_config
 
 XLMR_BASE: dict[str, Any] = {
     "model_type": "xlm-roberta",

@@ -10,9 +10,9 @@ from typing import Any
 
 import torch
 
-from .. import int8
 from ..hardware import CpuFeatures, cpu_features
-from ..timing import measure
+from ..quant import int8
+from ..runtime.timing import measure
 
 # Ops per cycle per core of the widest instruction for each dtype, assuming two 512-bit FMA
 # pipes (true of Zen 4/5 and Xeon server cores; an assumption, stated in every report).

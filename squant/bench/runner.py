@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from ..placement import Placement
-from ..timing import summarize
+from ..runtime.placement import Placement
+from ..runtime.timing import summarize
 
 
 def memory_kib() -> dict[str, int]:

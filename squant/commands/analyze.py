@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..shapes import fitted_shape
+from ..runtime.shapes import fitted_shape
 from .common import checked_threads, load_any, positive_int
 
 HELP = "hardware ceilings, roofline and hotspots of a model"
@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> None:
 
     import torch
 
-    from ..analyze import analyze_model
+    from ..bench.analyze import analyze_model
     from ..files import check_output_file, write_output_file
 
     inputs = [args.model, args.bench]

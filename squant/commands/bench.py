@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..shapes import fitted_shape
+from ..runtime.shapes import fitted_shape
 from .common import load_any, positive_float, positive_int
 
 HELP = "throughput/latency of variants, multi-instance"
@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> None:
     from ..bench.compare import bench_variants
     from ..bench.configs import is_builtin
     from ..files import check_output_file, write_output_file
-    from ..placement import plan
+    from ..runtime.placement import plan
 
     json_path = check_output_file(args.json, [args.model], "--json") if args.json else None
     png_path = check_output_file(args.png, [args.model], "--png") if args.png else None

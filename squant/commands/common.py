@@ -9,7 +9,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from ..config import ACT_RANGES, ATTENTION_KINDS, MODES, SITE_KINDS, SmoothQuantConfig
+from ..quant.config import ACT_RANGES, ATTENTION_KINDS, MODES, SITE_KINDS, SmoothQuantConfig
 
 CONFIG_HELP = {
     "mode": "static: per-tensor activation scales from calibration; dynamic: per-token at run time",
@@ -114,7 +114,7 @@ def config_from_args(args: argparse.Namespace) -> SmoothQuantConfig:
 def load_any(name: str) -> Any:
     """A built-in config (random weights) or a local checkpoint."""
     from ..bench.configs import is_builtin, random_model
-    from ..models import load_model
+    from ..checkpoint.models import load_model
 
     return random_model(name) if is_builtin(name) else load_model(name, task="base")
 

@@ -9,7 +9,7 @@ from ..serve.engine import OFFLINE_BATCH_TOKENS
 from .common import add_runtime_argument, positive_int, ray_init
 
 if TYPE_CHECKING:
-    from ..embed import EmbedReport
+    from ..embed.local import EmbedReport
 
 HELP = "embed a corpus (one text per line / JSONL) into Parquet shards, resumable"
 
@@ -36,7 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from ..embed import check_before_loading, embed_file, offline_config
+    from ..embed.local import check_before_loading, embed_file, offline_config
     from ..serve.loading import engine_for
 
     # before minutes of loading and compiling
@@ -70,7 +70,7 @@ def _run_on_ray(args: argparse.Namespace) -> EmbedReport:
         import ray
     except ImportError:
         raise SquantError("--ray needs the ray extra: pip install 'squant[ray]'") from None
-    from ..ray_data import embed_file_on_ray
+    from ..embed.ray_data import embed_file_on_ray
 
     started = not ray.is_initialized()  # inside a Ray driver already: use its connection
     if started:

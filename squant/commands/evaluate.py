@@ -42,9 +42,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> None:
     import json
 
+    from ..bench.report import format_table
     from ..eval.runner import EvalSettings, evaluate, format_results
     from ..files import check_output_file, write_output_file
-    from ..report import format_table
 
     inputs = [args.model, args.data, args.calib, args.train]
     json_path = check_output_file(args.json, inputs, "--json") if args.json else None

@@ -42,11 +42,11 @@ def run(args: argparse.Namespace) -> None:
     import time
     from pathlib import Path
 
-    from .. import models
-    from ..export import MANIFEST, MAX_BATCH, ExportConfig, export
+    from ..checkpoint import models
+    from ..checkpoint.pipeline import quantize_checkpoint, weights_mib
+    from ..checkpoint.serialization import CONFIG_FILE, load
     from ..files import check_output_dir
-    from ..pipeline import quantize_checkpoint, weights_mib
-    from ..serialization import CONFIG_FILE, load
+    from ..runtime.export import MANIFEST, MAX_BATCH, ExportConfig, export
 
     config = ExportConfig(
         batch=args.batch,
@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> None:
     check_output_dir(args.out, MANIFEST, [source], args.overwrite)
     if quantized_dir:
         loaded = load(source)
-        from ..sentence_transformer import inner_model, is_sentence_transformer
+        from ..checkpoint.sentence_transformer import inner_model, is_sentence_transformer
 
         model = inner_model(loaded) if is_sentence_transformer(loaded) else loaded
         tokenizer = models.load_tokenizer(source)

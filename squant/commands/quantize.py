@@ -50,7 +50,7 @@ def add_calibration_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def calibration_settings(args: argparse.Namespace) -> Any:
-    from ..pipeline import CalibrationSettings
+    from ..checkpoint.pipeline import CalibrationSettings
 
     return CalibrationSettings(
         size=args.calib_size,
@@ -62,10 +62,10 @@ def calibration_settings(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> None:
-    from .. import models
+    from ..checkpoint import models
+    from ..checkpoint.pipeline import quantize_checkpoint, weights_mib
+    from ..checkpoint.serialization import CONFIG_FILE, save
     from ..files import check_output_dir
-    from ..pipeline import quantize_checkpoint, weights_mib
-    from ..serialization import CONFIG_FILE, save
 
     config = config_from_args(args)
     checkpoint = models.resolve(args.checkpoint)  # a Hub id becomes its cache folder

@@ -198,8 +198,8 @@ def wants_model_process(args: argparse.Namespace) -> bool:
     for the front end; not a deploy directory, --calib, --watch-ranges or --ray)."""
     if args.model_process != "auto":
         return bool(args.model_process == "on")
-    from ..export import MANIFEST
-    from ..placement import front_end_cores, plan
+    from ..runtime.export import MANIFEST
+    from ..runtime.placement import front_end_cores, plan
 
     if args.ray or args.calib or args.watch_ranges or (Path(args.model) / MANIFEST).is_file():
         return False
@@ -220,7 +220,7 @@ def run(args: argparse.Namespace) -> None:
     try:
         import uvicorn
 
-        from ..placement import front_end_cores, pin_front_end
+        from ..runtime.placement import front_end_cores, pin_front_end
         from ..serve.app import create_app
         from ..serve.header_deadline import header_deadline_protocol
         from ..serve.process_memory import freeze_startup_objects

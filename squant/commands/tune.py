@@ -61,8 +61,8 @@ def _speed_meter(model: Any, seq: int) -> Callable[[Any], float] | None:
     import torch
 
     from ..bench.configs import random_inputs
-    from ..compiler import CompileConfig, compile
-    from ..timing import measure
+    from ..runtime.compiler import CompileConfig, compile
+    from ..runtime.timing import measure
 
     inputs = random_inputs(model, 1, seq)
 
@@ -76,11 +76,11 @@ def _speed_meter(model: Any, seq: int) -> Callable[[Any], float] | None:
 
 
 def run(args: argparse.Namespace) -> None:
+    from ..checkpoint.models import load_tokenizer
+    from ..checkpoint.serialization import CONFIG_FILE, save
     from ..eval.runner import prepare_task
+    from ..eval.tune import TuneConfig, tune
     from ..files import check_output_dir, check_output_file, write_output_file
-    from ..models import load_tokenizer
-    from ..serialization import CONFIG_FILE, save
-    from ..tune import TuneConfig, tune
 
     check_output_dir(args.out, CONFIG_FILE, [args.model], args.overwrite)
     json_path = (

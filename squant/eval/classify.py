@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from ..errors import SquantError
 from ..files import iter_jsonl
-from ..mappings import model_inputs
+from ..quant.mappings import model_inputs
 from . import hf_data
 
 FIRST = ("sentence1", "premise", "question", "question1", "text_a", "sentence", "text")

@@ -15,8 +15,8 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from ..mappings import model_inputs
-from ..outputs import mean_pool
+from ..quant.mappings import model_inputs
+from ..runtime.outputs import mean_pool
 
 
 @torch.no_grad()

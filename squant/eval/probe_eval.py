@@ -20,10 +20,10 @@ import torch
 from torch import Tensor
 
 from ..cache import cache_root
+from ..checkpoint.models import load_model, load_tokenizer
 from ..data import tokenize
 from ..errors import SquantError
-from ..mappings import max_positions
-from ..models import load_model, load_tokenizer
+from ..quant.mappings import max_positions
 from .nli import NLI_LABELS, Pairs, read_nli
 from .probe import (
     LinearProbe,

@@ -13,11 +13,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ..bench.variants import parse_variants
+from ..checkpoint.models import load_model, load_tokenizer
 from ..data import Text, read_texts, tokenize
 from ..errors import SquantError
-from ..mappings import max_positions
-from ..models import load_model, load_tokenizer
-from ..variants import parse_variants
+from ..quant.mappings import max_positions
 from . import classify, squad
 from .metrics import accuracy, relative_loss, squad_scores
 from .probe_eval import ProbeSettings, prepare_probe

@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 
 from ..errors import SquantError
 from ..files import read_json
-from ..mappings import model_inputs
+from ..quant.mappings import model_inputs
 from . import hf_data
 
 

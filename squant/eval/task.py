@@ -10,9 +10,9 @@ from typing import Any
 
 from torch import nn
 
-from ..record import record_of
-from ..shapes import buckets_up_to, repeat_rows
-from ..variants import BuildContext, build, parse_variants
+from ..bench.variants import BuildContext, build, parse_variants
+from ..quant.record import record_of
+from ..runtime.shapes import buckets_up_to, repeat_rows
 
 
 @dataclass

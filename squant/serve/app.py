@@ -47,8 +47,8 @@ from starlette.middleware.cors import CORSMiddleware
 
 from ..data import Text
 from ..errors import SquantError
-from ..mappings import hf_config
-from ..record import record_of
+from ..quant.mappings import hf_config
+from ..quant.record import record_of
 from .engine import Admission, DeadlineExceededError, Engine, OverloadedError
 from .error_body import error_body
 from .fast_path import FastRoute

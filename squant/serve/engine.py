@@ -36,12 +36,12 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ..checkpoint.sentence_transformer import stated_length
 from ..errors import SquantError
-from ..mappings import hf_config, max_positions, model_inputs
-from ..monitor import RangeMonitor
-from ..outputs import mean_pool
-from ..placement import front_end_cores, plan
-from ..sentence_transformer import stated_length
+from ..quant.mappings import hf_config, max_positions, model_inputs
+from ..quant.monitor import RangeMonitor
+from ..runtime.outputs import mean_pool
+from ..runtime.placement import front_end_cores, plan
 from .process_memory import limit_malloc_arenas, release_free_memory
 from .runtime import ATTENTIONS, RUNTIMES, Attention, Runtime
 
@@ -95,7 +95,7 @@ class ServeConfig:
     # 812 against 787 MiB (1.03x), the weights being shared either way.
     malloc_arenas: int = 1
     # count, per static int8 linear, the tokens whose input left the calibrated range (a
-    # drift alarm on /metrics; squant.monitor.RangeMonitor). Eager models only; costs one
+    # drift alarm on /metrics; squant.quant.monitor.RangeMonitor). Eager models only; costs one
     # min/max per token and static linear.
     watch_ranges: bool = False
     # a batch short of its limits waits up to this long (from its oldest sequence's arrival)

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..checkpoint.sentence_transformer import sentence_settings, stated_length
 from ..errors import SquantError
-from ..sentence_transformer import sentence_settings, stated_length
 from .engine import Engine, ServeConfig
 
 
 def truncation_stated(path: str | Path, pooling_from: str | Path | None = None) -> int | None:
     """Where the model directory at `path` truncates inputs, as its files state (the Engine's
     stated_length), without loading the model; None: at the model's positions."""
-    from ..models import load_tokenizer
+    from ..checkpoint.models import load_tokenizer
 
     st = sentence_settings(pooling_from or path)
     return stated_length(load_tokenizer(path), st.max_seq_length)
@@ -32,8 +32,8 @@ def engine_for(
     float checkpoint with at start-up (static INT8, squant's defaults; the report is kept as
     engine.quantize_report); without it a float checkpoint is served in FP32.
     config.runtime decides whether the model is compiled first (serve/runtime.py)."""
-    from ..export import MANIFEST
-    from ..models import load_tokenizer
+    from ..checkpoint.models import load_tokenizer
+    from ..runtime.export import MANIFEST
     from .local_engine import local_engine
 
     path = Path(path)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from torch import nn
 
+from ..checkpoint.sentence_transformer import sentence_settings
 from ..errors import SquantError
-from ..sentence_transformer import sentence_settings
 from .engine import Engine, ServeConfig
 from .runtime import compiled_runner, packaged_model, wants_compiled
 
@@ -26,11 +26,11 @@ def local_engine(
 ) -> Engine:
     """An Engine (not started) over the model at `path`, loaded (and compiled, as
     config.runtime says: serve/runtime.py) in this process."""
-    from ..export import MANIFEST, load_packaged, padded_for_serving
-    from ..models import load_model, load_tokenizer
-    from ..placement import plan
-    from ..sentence_transformer import inner_model, is_sentence_transformer
-    from ..serialization import CONFIG_FILE, load
+    from ..checkpoint.models import load_model, load_tokenizer
+    from ..checkpoint.sentence_transformer import inner_model, is_sentence_transformer
+    from ..checkpoint.serialization import CONFIG_FILE, load
+    from ..runtime.export import MANIFEST, load_packaged, padded_for_serving
+    from ..runtime.placement import plan
 
     path = Path(path)
     tokenizer = load_tokenizer(path)
@@ -54,7 +54,7 @@ def local_engine(
             batch = min(config.max_batch_requests, int(m["batch"]))
             config = dataclasses.replace(config, max_batch_requests=batch)
     elif calib is not None:
-        from ..pipeline import quantize_checkpoint
+        from ..checkpoint.pipeline import quantize_checkpoint
 
         quantized = quantize_checkpoint(path, calib)
         model, report = quantized.encoder, quantized.report

@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from ..errors import SquantError, first_line
-from ..placement import plan
+from ..runtime.placement import plan
 
 # loading and compiling a model takes seconds to minutes; a child silent for this long is hung
 START_TIMEOUT_S = 1800.0
@@ -83,8 +83,8 @@ def _child_main(path: str, config: Any, pooling_from: str | None, conns: list[Co
 
 def describe(model: Any) -> dict[str, Any]:
     """What the server process needs to know of the child's model (ModelDescription)."""
-    from ..mappings import input_names, max_positions
-    from ..record import record_of
+    from ..quant.mappings import input_names, max_positions
+    from ..quant.record import record_of
 
     return {
         "model_class": str(getattr(model, "model_class", type(model).__name__)),

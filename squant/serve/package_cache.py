@@ -32,9 +32,9 @@ import torch
 from torch import Tensor, nn
 
 from ..cache import cache_root
-from ..compiler import CompileConfig, FloatDtype
 from ..errors import SquantError, first_line
 from ..hardware import cpu_features
+from ..runtime.compiler import CompileConfig, FloatDtype
 from ..version import __version__
 
 
@@ -69,9 +69,9 @@ def cached_package(
     the eager `model` on check_inputs (cosine over real tokens >= min_cosine) at every load.
     None, with a warning that says why, when it cannot be built, loaded or does not agree:
     the caller then compiles as before."""
-    from ..compiler import agreement
-    from ..export import MANIFEST, ExportConfig, load_packaged, padded_for_serving
-    from ..outputs import first_tensor
+    from ..runtime.compiler import agreement
+    from ..runtime.export import MANIFEST, ExportConfig, load_packaged, padded_for_serving
+    from ..runtime.outputs import first_tensor
 
     directory = package_cache() / package_key(model_dir)
     pad = int(getattr(tokenizer, "pad_token_id", 0) or 0)
@@ -126,7 +126,7 @@ def _locked(directory: Path) -> Iterator[None]:
 
 
 def _build(model: nn.Module, directory: Path, tokenizer: Any, float_dtype: FloatDtype) -> None:
-    from ..export import ExportConfig, export
+    from ..runtime.export import ExportConfig, export
 
     print(
         f"squant: building this model's package once into {directory} (later starts load it "

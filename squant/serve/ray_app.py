@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import SquantError
-from ..placement import allowed_cores
+from ..runtime.placement import allowed_cores
 from .engine import ServeConfig
 
 if TYPE_CHECKING:

@@ -25,8 +25,8 @@ import torch
 from torch import nn
 
 from ..errors import SquantError, first_line
-from ..mappings import model_inputs
-from ..record import record_of
+from ..quant.mappings import model_inputs
+from ..quant.record import record_of
 
 Runtime = Literal["auto", "eager", "compiled", "package"]
 RUNTIMES: tuple[Runtime, ...] = ("auto", "eager", "compiled", "package")
@@ -97,7 +97,7 @@ def compiled_runner(
     compiling failed and is not `required` (a warning says why: the
     server then runs eagerly); a SquantError when it is required."""
     from .. import compile as squant_compile
-    from ..compiler import CompileConfig
+    from ..runtime.compiler import CompileConfig
 
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)

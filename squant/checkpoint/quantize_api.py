@@ -10,9 +10,9 @@ from typing import Any
 
 from torch import nn
 
+from ..quant.config import SmoothQuantConfig
+from ..quant.quantize import quantize_encoder
 from . import sentence_transformer
-from .config import SmoothQuantConfig
-from .quantize import quantize_encoder
 
 
 def quantize(

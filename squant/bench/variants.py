@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .errors import SquantError
+from ..errors import SquantError
 
 PRECISIONS = ("fp32", "bf16", "static", "dynamic")
 RUNTIMES = ("eager", "compiled", "pt2")
@@ -103,8 +103,8 @@ class BuildContext:
 
 
 def _quantized(variant: Variant, model: nn.Module, ctx: BuildContext) -> nn.Module:
-    from .config import SmoothQuantConfig
-    from .quantize_api import quantize
+    from ..checkpoint.quantize_api import quantize
+    from ..quant.config import SmoothQuantConfig
 
     if not ctx.calibration and variant.precision == "static":
         raise SquantError(f"variant {variant.name} needs calibration batches")
@@ -113,7 +113,7 @@ def _quantized(variant: Variant, model: nn.Module, ctx: BuildContext) -> nn.Modu
 
 
 def _compile_config(variant: Variant, ctx: BuildContext) -> Any:
-    from .compiler import CompileConfig
+    from ..runtime.compiler import CompileConfig
 
     if variant.quantized:
         return CompileConfig(float_dtype=ctx.float_dtype, kernel_profile=ctx.kernel_profile)  # type: ignore[arg-type]
@@ -131,7 +131,7 @@ def _pad_token(model: nn.Module) -> int:
 
 def build(variant: Variant | str, model: nn.Module, ctx: BuildContext) -> nn.Module:
     """The variant of an FP32 model, called like it (keyword inputs, named outputs)."""
-    from .shapes import PaddedShapes
+    from ..runtime.shapes import PaddedShapes
 
     variant = parse(variant) if isinstance(variant, str) else variant
     if variant.needs_example and ctx.example_inputs is None:
@@ -148,13 +148,13 @@ def build(variant: Variant | str, model: nn.Module, ctx: BuildContext) -> nn.Mod
     batch = int(ctx.example_inputs["input_ids"].shape[0])
     seq = int(ctx.example_inputs["input_ids"].shape[1])
     if variant.runtime == "compiled":
-        from .compiler import compile
+        from ..runtime.compiler import compile
 
         shaped = PaddedShapes(None, batch, ctx.buckets or (seq,), _pad_token(model))
         example = shaped.pad(ctx.example_inputs)
         shaped.model = compile(base, _compile_config(variant, ctx), example)
         return shaped
-    from .export import ExportConfig, export, load_packaged
+    from ..runtime.export import ExportConfig, export, load_packaged
 
     directory = Path(ctx.workdir or tempfile.mkdtemp(prefix="squant-variant-")) / variant.name
     example = PaddedShapes(None, batch, None, _pad_token(model), min_seq=2).pad(ctx.example_inputs)

@@ -33,7 +33,7 @@ def kernel_weight_qmax() -> int:
     of 8e4 on a 256-deep dot product with 8-bit weights, none with 7-bit ones). With weights in
     [-63, 63] no pair can overflow. VNNI (vpdpbusd) and AMX accumulate in int32: full 8 bits.
     """
-    from .hardware import cpu_features
+    from ..hardware import cpu_features
 
     return QMAX_W if cpu_features().int8_path != "no-vnni" else QMAX_W_NO_VNNI
 

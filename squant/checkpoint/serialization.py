@@ -29,16 +29,17 @@ import torch
 import transformers
 from torch import nn
 
-from . import int8, sentence_transformer
-from .attention import use_attention_kind
-from .errors import SquantError, first_line
-from .files import atomic_directory, read_json_record
-from .mappings import SUPPORTED_CLASSES, hf_config, layout_for, linear_at
-from .qlinear import QuantLinear
-from .quantize import encoder_layers, find_sites, fuse_attention
-from .record import LinearRecord, QuantizationRecord, record_of
+from ..errors import SquantError, first_line
+from ..files import atomic_directory, read_json_record
+from ..quant import int8
+from ..quant.attention import use_attention_kind
+from ..quant.mappings import SUPPORTED_CLASSES, hf_config, layout_for, linear_at
+from ..quant.qlinear import QuantLinear
+from ..quant.quantize import encoder_layers, find_sites, fuse_attention
+from ..quant.record import LinearRecord, QuantizationRecord, record_of
+from ..version import __version__
+from . import sentence_transformer
 from .sentence_transformer import is_sentence_transformer
-from .version import __version__
 
 FORMAT = "squant"
 FORMAT_VERSION = 1

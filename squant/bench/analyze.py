@@ -14,8 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .bench.peaks import Peaks, measure_peaks
-from .bench.roofline import (
+from ..errors import SquantError
+from ..files import read_json
+from ..hardware import CpuFeatures, cpu_features
+from ..quant.mappings import hf_config
+from .peaks import Peaks, measure_peaks
+from .report import format_table
+from .roofline import (
     DTYPE_BYTES,
     Gemm,
     arithmetic_intensity,
@@ -26,11 +31,6 @@ from .bench.roofline import (
     roofline_seconds,
     speedup_ceiling,
 )
-from .errors import SquantError
-from .files import read_json
-from .hardware import CpuFeatures, cpu_features
-from .mappings import hf_config
-from .report import format_table
 from .variants import GEMM_DTYPES
 
 
@@ -286,9 +286,9 @@ def profile_variants(
     tokens (enough to place the time; accuracy is not measured here)."""
     import torch
 
-    from .bench.configs import random_calibration, random_inputs
-    from .bench.hotspots import breakdown, profile
-    from .timing import measure
+    from ..runtime.timing import measure
+    from .configs import random_calibration, random_inputs
+    from .hotspots import breakdown, profile
     from .variants import BuildContext, Variant, build, parse_variants
 
     inputs = random_inputs(model, batch, seq)

@@ -34,11 +34,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from .embed import EmbedReport, embed_texts, offline_config, write_shards
-from .errors import SquantError
-from .placement import allowed_cores
-from .serve.engine import OFFLINE_BATCH_TOKENS
-from .serve.runtime import Attention
+from ..errors import SquantError
+from ..runtime.placement import allowed_cores
+from ..serve.engine import OFFLINE_BATCH_TOKENS
+from ..serve.runtime import Attention
+from .local import EmbedReport, embed_texts, offline_config, write_shards
 
 ROUND_ROWS = 50_000  # rows per Ray dataset of `squant embed --ray` (see embed_file_on_ray)
 
@@ -77,7 +77,7 @@ class SquantEmbedder:
         max_batch_tokens: int = OFFLINE_BATCH_TOKENS,
         attention: Attention = "auto",
     ) -> None:
-        from .serve.loading import engine_for
+        from ..serve.loading import engine_for
 
         cores = cores or _ray_cpus() or len(os.sched_getaffinity(0))
         pinned, self._lock = claim_cores(cores)
@@ -153,8 +153,8 @@ def embed_file_on_ray(
         import ray
     except ImportError:
         raise SquantError("--ray needs the ray extra: pip install 'squant[ray]'") from None
-    from .sentence_transformer import sentence_settings
-    from .serve.loading import truncation_stated
+    from ..checkpoint.sentence_transformer import sentence_settings
+    from ..serve.loading import truncation_stated
 
     model = str(Path(model).resolve())
     st = sentence_settings(Path(pooling_from or model))

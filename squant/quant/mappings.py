@@ -17,7 +17,7 @@ from typing import Any
 
 from torch import nn
 
-from .errors import SquantError
+from ..errors import SquantError
 
 
 @dataclass(frozen=True)

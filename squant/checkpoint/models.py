@@ -11,8 +11,8 @@ import torch
 import transformers
 from torch import nn
 
-from .errors import SquantError, first_line
-from .mappings import LAYOUTS, SUPPORTED_CLASSES, supported_summary
+from ..errors import SquantError, first_line
+from ..quant.mappings import LAYOUTS, SUPPORTED_CLASSES, supported_summary
 
 # Task name -> class-name suffix of the matching transformers head.
 TASK_SUFFIXES: dict[str, str] = {

@@ -8,8 +8,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from .errors import SquantError
-from .hardware import cpu_features
+from ..errors import SquantError
+from ..hardware import cpu_features
 
 
 def allowed_cores() -> list[int]:

@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .errors import SquantError
+from ..errors import SquantError
 
 Mode = Literal["static", "dynamic"]
 ActRange = Literal["minmax", "percentile"]

@@ -24,16 +24,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from .config import SITE_KINDS, SmoothQuantConfig
-from .errors import SquantError
-from .eval.metrics import relative_loss
-from .eval.task import Task
-from .outputs import first_tensor
-from .qlinear import QuantLinear
-from .quantize import smooth
-from .quantize_api import quantize
-from .record import record_of
-from .report import format_table
+from ..bench.report import format_table
+from ..checkpoint.quantize_api import quantize
+from ..errors import SquantError
+from ..quant.config import SITE_KINDS, SmoothQuantConfig
+from ..quant.qlinear import QuantLinear
+from ..quant.quantize import smooth
+from ..quant.record import record_of
+from ..runtime.outputs import first_tensor
+from .metrics import relative_loss
+from .task import Task
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .errors import SquantError
+from ..errors import SquantError
 
 
 class Int8Transformer:

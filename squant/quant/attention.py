@@ -14,8 +14,8 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
+from ..errors import SquantError
 from .config import AttentionKind
-from .errors import SquantError
 from .mappings import hf_config
 
 
@@ -202,7 +202,7 @@ def resolve_attention_kind(kind: AttentionKind) -> AttentionKind:
     "float" with a warning saying why; "float" and "int8" as given."""
     if kind != "auto":
         return kind
-    from . import kernels
+    from .. import kernels
 
     try:
         kernels.load()
@@ -238,7 +238,7 @@ def register_squant_attention(int8: bool = False) -> None:
     AttentionInterface.register(SQUANT_ATTENTION, squant_attention)
     ALL_MASK_ATTENTION_FUNCTIONS.register(SQUANT_ATTENTION, key_padding_bias)
     if int8:
-        from . import kernels
+        from .. import kernels
 
         kernels.load()
         AttentionInterface.register(SQUANT_INT8_ATTENTION, squant_int8_attention)

@@ -27,19 +27,19 @@ from typing import Any, Literal, cast
 import torch
 from torch import Tensor, nn
 
-from .attention import (
+from ..errors import SquantError
+from ..hardware import cpu_features
+from ..quant.attention import (
     SQUANT_ATTENTION,
     FusedSelfAttention,
     key_padding_bias,
     register_squant_attention,
     uses_int8_attention,
 )
-from .errors import SquantError
-from .hardware import cpu_features
-from .mappings import hf_config
+from ..quant.mappings import hf_config
+from ..quant.qlinear import QuantLinear
+from ..quant.record import QuantizationRecord, record_of
 from .outputs import first_tensor
-from .qlinear import QuantLinear
-from .record import QuantizationRecord, record_of
 from .timing import measure
 
 FloatDtype = Literal["auto", "bf16", "fp32"]

@@ -27,6 +27,7 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
+from ..errors import SquantError
 from . import int8
 from .attention import (
     FusedSelfAttention,
@@ -36,7 +37,6 @@ from .attention import (
 )
 from .calibrate import Histogram, InputObservers, SiteStats, prepare_batches, run_batches
 from .config import SmoothQuantConfig
-from .errors import SquantError
 from .mappings import EncoderLayout, fusable_activation, layout_for, linear_at
 from .qlinear import QuantLinear, SmoothedLinear
 from .record import Coverage, LinearRecord, QuantizationRecord
@@ -305,7 +305,7 @@ def quantize_encoder(
 
     calibration: an iterable of tokenizer outputs (dicts with input_ids, attention_mask, ...)
     or input_ids tensors; a few dozen sentences of the target domain are enough.
-    (squant.quantize takes sentence-transformers models too: squant/quantize_api.py.)
+    (squant.quantize takes sentence-transformers models too: squant/checkpoint/quantize_api.py.)
     """
     config = config or SmoothQuantConfig()
     if not int8.onednn_available():

@@ -23,14 +23,15 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from . import data, models, sentence_transformer
-from .compiler import agreement
-from .config import SmoothQuantConfig
-from .errors import SquantError
-from .mappings import max_positions, model_inputs
-from .outputs import first_tensor
+from .. import data
+from ..errors import SquantError
+from ..quant.config import SmoothQuantConfig
+from ..quant.mappings import max_positions, model_inputs
+from ..quant.record import Coverage, record_of
+from ..runtime.compiler import agreement
+from ..runtime.outputs import first_tensor
+from . import models, sentence_transformer
 from .quantize_api import quantize
-from .record import Coverage, record_of
 
 
 @dataclass(frozen=True)

@@ -46,23 +46,23 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .attention import (
+from ..errors import SquantError, first_line
+from ..files import atomic_directory, hash_file, read_json_record
+from ..hardware import cpu_features
+from ..kernels.package_runner import NativePackageRunner
+from ..quant.attention import (
     SQUANT_ATTENTION,
     FusedSelfAttention,
     register_squant_attention,
     uses_int8_attention,
 )
+from ..quant.int8 import make_prepack_traceable
+from ..quant.mappings import MODEL_INPUT_KEYS, hf_config, input_names
+from ..quant.qlinear import QuantLinear
+from ..quant.record import QuantizationRecord, record_of
+from ..version import __version__
 from .compiler import CompileConfig, FloatDtype, cast_float_parts
-from .errors import SquantError, first_line
-from .files import atomic_directory, hash_file, read_json_record
-from .hardware import cpu_features
-from .int8 import make_prepack_traceable
-from .kernels.package_runner import NativePackageRunner
-from .mappings import MODEL_INPUT_KEYS, hf_config, input_names
 from .outputs import NamedOutputs, named_tensors, output_tensors
-from .qlinear import QuantLinear
-from .record import QuantizationRecord, record_of
-from .version import __version__
 
 PACKAGE = "model.pt2"
 MANIFEST = "manifest.json"
@@ -244,7 +244,7 @@ def _ship_kernels(directory: Path) -> str:
     directory; returns its SHA-256."""
     import shutil
 
-    from . import kernels
+    from .. import kernels
 
     shutil.copyfile(kernels.library_path(), directory / KERNEL_LIBRARY)
     return _sha256(directory / KERNEL_LIBRARY)
@@ -263,7 +263,7 @@ def _load_kernels(directory: Path, manifest: dict[str, Any]) -> None:
             f"{path} does not match the SHA-256 in the manifest: it changed after export; "
             "export the model again"
         )
-    from . import kernels
+    from .. import kernels
 
     kernels.load_library(path)
 
@@ -273,7 +273,7 @@ def _sha256(path: Path) -> str:
 
 
 def _max_positions(model: nn.Module) -> int:
-    from .mappings import max_positions
+    from ..quant.mappings import max_positions
 
     return max_positions(model)
 
@@ -313,8 +313,8 @@ def _native_runner_loaded() -> bool:
     """Whether squant's GIL-free package runner is loaded (kernels/package_runner.py), loading
     squant's own kernel library for it when that is built already and no library is loaded
     (a package without int8 attention ships none); never builds it."""
-    from . import kernels
-    from .kernels import package_runner
+    from .. import kernels
+    from ..kernels import package_runner
 
     if not kernels.registered() and kernels.built():
         try:

@@ -18,10 +18,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .errors import SquantError
-from .mappings import max_positions
+from ..errors import SquantError
+from ..quant.mappings import max_positions
+from ..quant.record import QuantizationRecord, record_of
 from .outputs import NamedOutputs, named_tensors
-from .record import QuantizationRecord, record_of
 
 # sequence-length buckets squant compiles and serves (powers of two up to BERT's 512)
 BUCKETS = (16, 32, 64, 128, 256, 512)

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from .errors import SquantError
+from ..errors import SquantError
 from .mappings import max_positions, model_inputs
 
 

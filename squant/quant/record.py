@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..errors import SquantError
 from . import int8
 from .config import MODES, SmoothQuantConfig
-from .errors import SquantError
 
 
 @dataclass(frozen=True)

@@ -28,10 +28,10 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from .data import text_from_record
-from .errors import SquantError
-from .files import iter_jsonl, model_sha256
-from .serve.engine import Engine, ServeConfig
+from ..data import text_from_record
+from ..errors import SquantError
+from ..files import iter_jsonl, model_sha256
+from ..serve.engine import Engine, ServeConfig
 
 MANIFEST = "embed.json"
 FORMAT_VERSION = 1

@@ -32,8 +32,8 @@ from typing import Any
 
 from torch import nn
 
-from .errors import SquantError, first_line
-from .mappings import hf_config
+from ..errors import SquantError, first_line
+from ..quant.mappings import hf_config
 
 MODULES_FILE = "modules.json"
 # files of the transformer's place that belong to the float checkpoint, never copied over
@@ -217,9 +217,9 @@ def quantize(st: Any, config: Any, calibration: Any, inplace: bool, progress: bo
     """squant.quantize of a SentenceTransformer: its HF model quantized, the rest kept.
     calibration may be texts here (tokenized by the model's own tokenizer, with squant's
     coverage inputs, as `squant quantize` does) besides tokenizer outputs."""
-    from .data import tokenize
-    from .mappings import max_positions
-    from .quantize import quantize_encoder
+    from ..data import tokenize
+    from ..quant.mappings import max_positions
+    from ..quant.quantize import quantize_encoder
 
     inner = inner_model(st)
     items = list(calibration) if calibration is not None else []
