@@ -1,14 +1,17 @@
 """squant: SmoothQuant INT8 for BERT-family encoders on CPUs, with PyTorch alone.
 
-The package is layered, each layer importing only those listed before it:
-    errors, files, hardware, data, cache, provenance, version   shared low layer
+The package is layered, each layer importing only itself and those listed before it
+(tests/test_imports.py holds it to that):
+    errors, files, hardware, data, cache, provenance, version   the shared low layer
     kernels      squant's C++ kernels (INT8 attention, the GIL-free package runner)
-    quant        the quantization core (SmoothQuant, INT8 linears and attention)
-    runtime      compile, export (.pt2), shapes, outputs, timing, placement
+    quant        the quantization core (layouts, SmoothQuant, INT8 linears and attention)
+    runtime      compile, export (.pt2), shapes, outputs, timing, core placement
     checkpoint   loading, saving, sentence-transformers, the public quantize
-    eval, bench  accuracy and speed
-    serve, embed the server and bulk embedding
-    commands     the CLI (cli.py dispatches to it)
+    bench        speed: variants by name, timing runs, roofline, reports
+    eval         accuracy (and tune, which weighs it against speed)
+    serve        the HTTP server and its engine
+    embed        bulk embedding, local or on Ray Data
+    commands     the CLI's commands (cli.py dispatches to them)
 """
 
 import importlib

@@ -78,3 +78,69 @@ def test_no_import_cycles_through_deferred_imports():
 def test_the_cycle_check_finds_a_cycle():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+# squant's layers, lowest first (squant/__init__.py lists them): a module imports only its own
+# layer and those below it. The shared low layer's modules may import one another.
+LAYERS = (
+    ("squant.errors", "squant.files", "squant.hardware", "squant.data", "squant.cache"),
+    ("squant.provenance", "squant.version"),
+    ("squant.kernels",),
+    ("squant.quant",),
+    ("squant.runtime",),
+    ("squant.checkpoint",),
+    ("squant.bench",),
+    ("squant.eval",),
+    ("squant.serve",),
+    ("squant.embed",),
+    ("squant.commands",),
+    ("squant.cli",),
+)
+LOW = {*LAYERS[0], *LAYERS[1]}
+
+
+def _layer(module: str) -> tuple[int, str]:
+    """(rank, layer) of a module; the package itself (squant/__init__) is above them all."""
+    for rank, names in enumerate(LAYERS):
+        for name in names:
+            if module == name or module.startswith(name + "."):
+                return rank, "low" if name in LOW else name
+    assert module == "squant", f"{module} is in no layer: add it to LAYERS"
+    return len(LAYERS), module
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    found = []
+    for module, targets in sorted(graph.items()):
+        rank, layer = _layer(module)
+        for target in sorted(targets):
+            target_rank, target_layer = _layer(target)
+            if target_rank > rank or (target_rank == rank and target_layer != layer):
+                found.append(f"{module} -> {target}")
+    return found
+
+
+def test_layers_import_downward_only():
+    graph = _module_graph(deferred=True)
+    assert upward_imports(graph) == []
+    top = [p.stem for p in ROOT.glob("*.py") if p.stem != "__init__"]
+    assert len(top) <= 8, f"top-level modules beside the layer packages: {sorted(top)}"
+
+
+def test_the_layer_check_finds_an_upward_import():
+    graph = {"squant.quant.int8": {"squant.serve.engine"}, "squant.serve.engine": set()}
+    assert upward_imports(graph) == ["squant.quant.int8 -> squant.serve.engine"]
+    assert upward_imports({"squant.serve.app": {"squant.quant.int8"}}) == []
+
+
+def test_old_module_paths_import_as_the_moved_modules():
+    import importlib
+    import sys
+
+    for old, new in squant.MOVED_MODULES.items():
+        assert importlib.import_module(old) is importlib.import_module(new), old
+        assert sys.modules[new].__spec__.name == new  # the alias left the module its own spec
+    assert callable(squant.export) and callable(squant.quantize) and callable(squant.smooth)
+    from squant.st_module import Int8Transformer  # what saved directories declare
+
+    assert Int8Transformer.__module__ == "squant.checkpoint.st_module"

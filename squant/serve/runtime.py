@@ -96,8 +96,8 @@ def compiled_runner(
     processes (replicas, actors) may pick differently and agree only to cosine ~0.999. None when
     compiling failed and is not `required` (a warning says why: the
     server then runs eagerly); a SquantError when it is required."""
-    from .. import compile as squant_compile
     from ..runtime.compiler import CompileConfig
+    from ..runtime.compiler import compile as squant_compile
 
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
