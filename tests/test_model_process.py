@@ -60,7 +60,7 @@ def test_the_model_process_answers_what_the_in_process_engine_answers(remote_eng
 
     info = TestClient(create_app(remote_engine, "tiny")).get("/info").json()
     assert info["model_class"] == "BertModel" and info["quantization"]["mode"] == "static"
-    child = remote_engine.remote.process
+    child = remote_engine.executor.process
     assert child.pid != os.getpid() and child.is_alive() and remote_engine.healthy()
     remote_engine.stop(1.0)  # and stop ends it
     assert not child.is_alive() and not remote_engine.healthy()
@@ -68,8 +68,8 @@ def test_the_model_process_answers_what_the_in_process_engine_answers(remote_eng
 
 def test_a_dead_model_process_fails_its_requests_and_health(remote_engine):
     _embed(remote_engine, TEXTS[:1])
-    os.kill(remote_engine.remote.process.pid, signal.SIGKILL)
-    remote_engine.remote.process.join(10)
+    os.kill(remote_engine.executor.process.pid, signal.SIGKILL)
+    remote_engine.executor.process.join(10)
     futures = remote_engine.submit(remote_engine.tokenize(TEXTS[:2]))
     for f in futures:
         with pytest.raises(ModelProcessError, match="died"):

@@ -46,7 +46,7 @@ def _texts_inputs(tok, texts):
 def test_a_quantized_directory_is_served_from_its_package_built_once(
     base_dir, private_cache, monkeypatch
 ):
-    monkeypatch.setattr(squant, "compile", _no_compile)
+    monkeypatch.setattr("squant.runtime.compiler.compile", _no_compile)
     engine = engine_for(base_dir, ServeConfig(**ONE_CORE))
     assert isinstance(engine.model, PaddedShapes) and not engine.model.pad_rows
     exported = engine.model.model.exported
@@ -99,7 +99,7 @@ def test_a_package_that_disagrees_is_dropped_and_the_model_compiled(
         compiled.append(config)
         return _FakeCompiled(model)
 
-    monkeypatch.setattr(squant, "compile", fake_compile)
+    monkeypatch.setattr("squant.runtime.compiler.compile", fake_compile)
     monkeypatch.setattr("squant.runtime.compiler.agreement", lambda *a: 0.5)
     with pytest.warns(UserWarning, match=r"disagrees with the eager model \(cosine 0.50000"):
         engine = engine_for(base_dir, ServeConfig(**ONE_CORE))

@@ -183,6 +183,59 @@ def test_token_ids_are_framed_by_whatever_special_tokens_the_tokenizer_adds(
     assert engine.encode_ids(framed) == want
 
 
+class _RecordingExecutor:
+    """An executor without a model: each row is its sequence's token ids summed, and every
+    padded batch it was handed is kept."""
+
+    in_process = True
+    refused_recompiles = 0
+
+    def __init__(self):
+        self.batches, self.sealed, self.closed = [], False, False
+
+    def __call__(self, ids, mask, types, per_token=False):
+        self.batches.append(ids.shape)
+        return torch.from_numpy((ids * mask).sum(1, keepdims=True)).float()
+
+    def seal(self):
+        self.sealed = True
+
+    def alive(self):
+        return True
+
+    def close(self):
+        self.closed = True
+
+
+def test_the_engine_batches_for_any_executor_without_a_model(tokenizer):
+    """The seam: admission, buckets and workers run on an executor that is no model at all
+    (a model process is one too); the engine only reads the model's description."""
+    from squant.serve.model_process import ModelDescription
+
+    description = ModelDescription(
+        "BertModel",
+        tiny_model("bert", vocab_size=len(tokenizer)).config,
+        ("input_ids", "attention_mask", "token_type_ids"),
+        64,
+        None,
+    )
+    executor = _RecordingExecutor()
+    config = ServeConfig(instances=1, cores_per_instance=1, buckets=(8, 32))
+    engine = Engine(description, tokenizer, config, executor=executor)
+    assert engine.runner is None  # nothing runs in the engine itself
+    engine.start()
+    assert executor.sealed  # after warm-up, every bucket at batch 1 and its largest
+    assert {width for _, width in executor.batches} == {8, 32, 64}
+    client = TestClient(create_app(engine, "fake"))
+    texts = ["a dog", "the cat sat on the mat " * 4]
+    rows = client.post("/embed", json={"inputs": texts}).json()
+    want = [sum(ids) for ids, _ in engine.tokenize(texts)]
+    assert [r[0] for r in rows] == want
+    assert executor.batches[-1][1] in (8, 32)  # a bucket's width, not the model's limit
+    engine.stop(1.0)
+    assert executor.closed
+
+
 def test_over_long_token_ids_are_truncated_like_text_or_refused(embedder):
     engine, client = embedder
     text = "the red car runs fast " * 40
@@ -738,7 +791,7 @@ def test_compiled_runtime_compiles_at_the_workers_thread_count(
         calls.append((torch.get_num_threads(), config, example_inputs["attention_mask"]))
         return _FakeCompiled(model)
 
-    monkeypatch.setattr(squant, "compile", fake_compile)
+    monkeypatch.setattr("squant.runtime.compiler.compile", fake_compile)
     before = torch.get_num_threads()
     # (by default, "auto", a quantized directory is served from its cached package:
     # test_package_cache.py)
@@ -780,7 +833,7 @@ def test_a_failed_compile_serves_eagerly_unless_compiled_was_asked_for(base_dir,
     def broken(model, config, example_inputs):
         raise RuntimeError("InductorError: no C++ compiler found\nlong traceback")
 
-    monkeypatch.setattr(squant, "compile", broken)
+    monkeypatch.setattr("squant.runtime.compiler.compile", broken)
     config = offline_config(instances=1, cores_per_instance=1)
     # no package could be built (serve/package_cache.py), so "auto" compiles, which fails too
     monkeypatch.setattr("squant.serve.local_engine.packaged_model", lambda *a: None)
@@ -876,7 +929,7 @@ def test_after_ready_no_shape_compiles_mixed_batches_and_lengths_run_on_warm_gra
         # a shape the engine never sends (one token wide: dynamo specializes sizes of 1) is
         # not compiled: it runs eagerly, gives the eager answer, and is counted
         ids = np.full((3, 1), 5, dtype=np.int64)
-        rows = engine.local_rows(ids, np.ones_like(ids), np.zeros_like(ids))
+        rows = engine.executor(ids, np.ones_like(ids), np.zeros_like(ids))
         assert engine.refused_recompiles == 1
         with torch.no_grad():
             ref = engine.model(input_ids=torch.from_numpy(ids)).last_hidden_state[:, 0]

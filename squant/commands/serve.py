@@ -261,7 +261,7 @@ def run(args: argparse.Namespace) -> None:
             server.should_exit = True
             return
         used = [list(c) for c in engine.placement.cores]
-        where = "a model process" if engine.remote is not None else "this process"
+        where = "this process" if engine.executor.in_process else "a model process"
         print(
             f"ready: instances on cores {used} in {where}; HTTP and tokenization on "
             + (f"cores {list(spare)}" if spare else "the same cores (none left over)"),

@@ -34,14 +34,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from ..checkpoint.sentence_transformer import stated_length
 from ..errors import SquantError
-from ..quant.mappings import hf_config, max_positions, model_inputs
+from ..quant.mappings import hf_config, max_positions
 from ..quant.monitor import RangeMonitor
-from ..runtime.outputs import mean_pool
 from ..runtime.placement import front_end_cores, plan
+from .executor import Executor, LocalExecutor
 from .process_memory import limit_malloc_arenas, release_free_memory
 from .runtime import ATTENTIONS, RUNTIMES, Attention, Runtime
 
@@ -199,18 +199,17 @@ class Engine:
         normalize_default: bool = False,
         runner: Any = None,
         max_length: int | None = None,
-        remote: Any = None,
+        executor: Executor | None = None,
     ) -> None:
         """max_length: where inputs are truncated (or refused), never beyond the model's
         positions; None: the tokenizer's model_max_length (where sentence-transformers 6 keeps
         max_seq_length, and where Hugging Face pipelines truncate), else the positions.
-        remote: runs the batches instead of the model (a ModelProcess: padded numpy ids, mask
-        and types -> pooled rows); the model then only describes it (a ModelDescription)."""
+        executor: runs the batches instead of the model in this process (a ModelProcess); the
+        model then only describes it (a ModelDescription)."""
         self.model = model.eval()
         # what runs the batches: the model itself, or a compiled form of it (squant.compile
         # with dynamic shapes: one graph for every bucket and batch size)
-        self.runner = runner if runner is not None else self.model
-        self.remote = remote
+        runs = runner if runner is not None else self.model
         self.tokenizer = tokenizer
         self.config = config or ServeConfig()
         self.pooling = pooling
@@ -256,7 +255,15 @@ class Engine:
                     "squant quantize --mode static serves eagerly and has them)"
                 )
             self.range_monitor = monitor.__enter__()  # hooks for the engine's lifetime
-            self.runner = monitor
+            runs = monitor
+        self.executor: Executor = executor or LocalExecutor(
+            self.model, runs, self.task, self.pooling
+        )
+
+    @property
+    def runner(self) -> Any:
+        """What runs the batches in this process (None when an executor elsewhere does)."""
+        return getattr(self.executor, "runner", None)
 
     # -- admission (caller threads) ------------------------------------------------------
 
@@ -477,8 +484,11 @@ class Engine:
     def healthy(self) -> bool:
         """Every worker thread started is still running (False once one has died, or after
         stop): what /health and Ray's replica health check report."""
-        alive = self.remote is None or self.remote.alive()
-        return alive and bool(self._workers) and all(t.is_alive() for t in self._workers)
+        return (
+            self.executor.alive()
+            and bool(self._workers)
+            and all(t.is_alive() for t in self._workers)
+        )
 
     def in_flight(self) -> int:
         return self._in_flight
@@ -606,7 +616,7 @@ class Engine:
                 types[i, :n] = s.type_ids
         per_token = batch[0].per_token
         t0 = time.perf_counter()
-        rows = (self.remote or self.local_rows)(ids, mask, types, per_token)
+        rows = self.executor(ids, mask, types, per_token)
         elapsed = time.perf_counter() - t0
         for s, row in zip(batch, rows, strict=True):
             s.future.set_result(row[: len(s.ids)] if per_token else row)
@@ -624,29 +634,11 @@ class Engine:
             self.stats.inference_seconds += elapsed
             self.stats.queue_seconds += sum(t0 - s.enqueued for s in batch)
 
-    def local_rows(
-        self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray, per_token: bool = False
-    ) -> Tensor:
-        """One padded batch through this process's runner: pooled rows [batch, dim] (the
-        embeddings, or the logits of a model with a head); with per_token, the last hidden
-        state [batch, width, dim]."""
-        ids_t, mask_t, types_t = (torch.from_numpy(a) for a in (ids, mask, types))
-        inputs = {"input_ids": ids_t, "attention_mask": mask_t, "token_type_ids": types_t}
-        with torch.no_grad():
-            out = self.runner(**model_inputs(self.model, inputs))
-            if self.task != "embed":
-                return out.logits.float()
-            h = out.last_hidden_state
-            if per_token:
-                return h.float()
-            if self.pooling == "cls":
-                return h[:, 0].float()
-            return mean_pool(h, mask_t)
-
     def _worker(self, index: int) -> None:
-        # with a model process this thread only waits on its pipe: it stays off the
-        # instances' cores, which belong to the child's threads
-        cores = front_end_cores(self.placement) if self.remote else self.placement.cores[index]
+        # with an executor elsewhere (a model process) this thread only waits on its pipe: it
+        # stays off the instances' cores, which belong to the child's threads
+        in_process = self.executor.in_process
+        cores = self.placement.cores[index] if in_process else front_end_cores(self.placement)
         if cores and hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(threading.get_native_id(), cores)
         torch.set_num_threads(self.placement.cores_per_instance)
@@ -706,19 +698,12 @@ class Engine:
 
     def seal(self) -> None:
         """No compiling from now on (CompiledEncoder.seal), in this process or the model's."""
-        if self.remote is not None:
-            self.remote.seal()
-            return
-        seal = getattr(self.runner, "seal", None)
-        if seal is not None:
-            seal()
+        self.executor.seal()
 
     @property
     def refused_recompiles(self) -> int:
         """Calls after warm-up whose shapes no compiled graph covered (run eagerly instead)."""
-        if self.remote is not None:
-            return self.remote.refused_recompiles
-        return int(getattr(self.runner, "refused_recompiles", 0))
+        return self.executor.refused_recompiles
 
     def stop(self, grace_s: float = 30.0) -> None:
         """Stop admitting, finish what was admitted (within grace_s), stop the workers."""
@@ -732,5 +717,4 @@ class Engine:
             self._cond.notify_all()
         for t in self._workers:
             t.join(max(0.0, end - time.perf_counter()) + 1.0)
-        if self.remote is not None:
-            self.remote.close()
+        self.executor.close()

@@ -65,6 +65,6 @@ def engine_for(
             st.pooling,
             st.normalize,
             max_length=st.max_seq_length,
-            remote=remote,
+            executor=remote,
         )
     return local_engine(path, config, pooling_from, calib)

@@ -142,7 +142,7 @@ def _answer(engine: Any, index: int, conn: Connection) -> None:
             conn.send(("sealed", None))
             continue
         try:
-            rows = engine.local_rows(*message)
+            rows = engine.executor(*message)
             conn.send(("rows", (rows.numpy(), engine.refused_recompiles)))
         except Exception as e:  # one bad batch fails its requests, not the process
             conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}"))
@@ -152,7 +152,10 @@ def _answer(engine: Any, index: int, conn: Connection) -> None:
 class ModelProcess:
     """A child process holding the model (see the module docstring). Callable from any number
     of threads at once: each call takes a free instance's pipe, so at most `instances` batches
-    run at a time, each on its own cores."""
+    run at a time, each on its own cores. The engine's executor (serve.executor) when the
+    model lives in a child."""
+
+    in_process = False  # the engine's workers only wait on its pipes
 
     def __init__(
         self, path: str | Path, config: Any, pooling_from: str | Path | None = None
