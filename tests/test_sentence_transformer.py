@@ -222,3 +222,24 @@ def test_a_sentence_transformers_that_runs_directory_code_is_refused(monkeypatch
     monkeypatch.setattr(st_lib, "__version__", "5.7.0")
     with pytest.raises(squant.SquantError, match=r"needs >= 6\.0"):
         sentence_transformer._require()
+
+
+def test_each_kind_of_directory_is_told_apart_and_loads_its_encoder(
+    st_dir, tiny_checkpoint, deploy_dir, tmp_path
+):
+    from squant.checkpoint.source import load_encoder, source_kind
+
+    quantized, deploy = deploy_dir
+    saved = tmp_path / "st-int8"
+    squant.save(squant.quantize(_float(st_dir), calibration=TEXTS, progress=False), saved)
+    assert [source_kind(p) for p in (deploy, quantized, saved, tiny_checkpoint, st_dir)] == [
+        "deploy",
+        "quantized",
+        "quantized",
+        "float",
+        "float",
+    ]
+    encoder = load_encoder(saved)  # a sentence-transformers model: its inner encoder
+    assert type(encoder).__name__ == "BertModel"
+    assert any(isinstance(m, QuantLinear) for m in encoder.modules())
+    assert not any(isinstance(m, QuantLinear) for m in load_encoder(tiny_checkpoint).modules())

@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> None:
 
     from ..checkpoint import models
     from ..checkpoint.pipeline import quantize_checkpoint, weights_mib
-    from ..checkpoint.serialization import CONFIG_FILE, load
+    from ..checkpoint.source import load_encoder, source_kind
     from ..files import check_output_dir
     from ..runtime.export import MANIFEST, MAX_BATCH, ExportConfig, export
 
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> None:
         float_dtype=args.float_dtype,
     )
     source = Path(args.source)
-    quantized_dir = (source / CONFIG_FILE).is_file()
+    quantized_dir = source_kind(source) == "quantized"
     if not quantized_dir:
         source = models.resolve(args.source)
         models.load_config(source)
@@ -67,10 +67,7 @@ def run(args: argparse.Namespace) -> None:
             )
     check_output_dir(args.out, MANIFEST, [source], args.overwrite)
     if quantized_dir:
-        loaded = load(source)
-        from ..checkpoint.sentence_transformer import inner_model, is_sentence_transformer
-
-        model = inner_model(loaded) if is_sentence_transformer(loaded) else loaded
+        model = load_encoder(source)
         tokenizer = models.load_tokenizer(source)
     else:
         qconfig = config_from_args(args)

@@ -198,10 +198,10 @@ def wants_model_process(args: argparse.Namespace) -> bool:
     for the front end; not a deploy directory, --calib, --watch-ranges or --ray)."""
     if args.model_process != "auto":
         return bool(args.model_process == "on")
-    from ..runtime.export import MANIFEST
+    from ..checkpoint.source import source_kind
     from ..runtime.placement import front_end_cores, plan
 
-    if args.ray or args.calib or args.watch_ranges or (Path(args.model) / MANIFEST).is_file():
+    if args.ray or args.calib or args.watch_ranges or source_kind(args.model) == "deploy":
         return False
     return bool(front_end_cores(plan(args.instances, args.cores_per_instance)))
 

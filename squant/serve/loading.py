@@ -33,13 +33,13 @@ def engine_for(
     engine.quantize_report); without it a float checkpoint is served in FP32.
     config.runtime decides whether the model is compiled first (serve/runtime.py)."""
     from ..checkpoint.models import load_tokenizer
-    from ..runtime.export import MANIFEST
+    from ..checkpoint.source import source_kind
     from .local_engine import local_engine
 
     path = Path(path)
     if pooling_from is not None and not Path(pooling_from).is_dir():
         raise SquantError(f"--pooling-from {pooling_from} is not a directory")
-    packaged = (path / MANIFEST).is_file()  # a deploy directory: already compiled
+    packaged = source_kind(path) == "deploy"  # already compiled
     if config.model_process:
         # the child loads (and compiles) the model; this process only needs its description:
         # loading it here too cost ~350 MB (sentence-transformers and what it imports)

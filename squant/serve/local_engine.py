@@ -26,17 +26,16 @@ def local_engine(
 ) -> Engine:
     """An Engine (not started) over the model at `path`, loaded (and compiled, as
     config.runtime says: serve/runtime.py) in this process."""
-    from ..checkpoint.models import load_model, load_tokenizer
-    from ..checkpoint.sentence_transformer import inner_model, is_sentence_transformer
-    from ..checkpoint.serialization import CONFIG_FILE, load
-    from ..runtime.export import MANIFEST, load_packaged, padded_for_serving
+    from ..checkpoint.models import load_tokenizer
+    from ..checkpoint.source import load_encoder, source_kind
+    from ..runtime.export import load_packaged, padded_for_serving
     from ..runtime.placement import plan
 
     path = Path(path)
     tokenizer = load_tokenizer(path)
-    packaged = (path / MANIFEST).is_file()  # a deploy directory: already compiled
-    already = packaged or (path / CONFIG_FILE).is_file()
-    if calib is not None and already:
+    kind = source_kind(path)
+    packaged = kind == "deploy"  # already compiled
+    if calib is not None and kind != "float":
         raise SquantError(f"{path} is already quantized; --calib is for float checkpoints")
     report = None
     if packaged:
@@ -59,9 +58,7 @@ def local_engine(
         quantized = quantize_checkpoint(path, calib)
         model, report = quantized.encoder, quantized.report
     else:
-        model = load(path) if (path / CONFIG_FILE).is_file() else load_model(path)
-        if is_sentence_transformer(model):  # pooling etc. from its modules (sentence_settings)
-            model = inner_model(model)
+        model = load_encoder(path)  # pooling etc. from the directory: sentence_settings
     st = sentence_settings(pooling_from or path)
     runner = None
     if not packaged and wants_compiled(config.runtime, model, config.watch_ranges):
@@ -73,7 +70,7 @@ def local_engine(
         if (
             config.runtime in ("auto", "package")
             and config.attention == "auto"
-            and (path / CONFIG_FILE).is_file()
+            and kind == "quantized"
         ):
             required = config.runtime == "package"
             served = packaged_model(path, model, tokenizer, threads, placement.instances, required)
