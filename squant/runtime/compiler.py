@@ -158,6 +158,10 @@ class CompiledEncoder(nn.Module):
             self.options["cpp.enable_kernel_profile"] = True
         if config.cpp_wrapper:
             self.options["cpp_wrapper"] = True
+            # the wrapper (one long function calling every kernel) built apart from the kernels,
+            # at -O1: one -O3 build of both took most of a big model's compile (bert-large
+            # dynamic: 46 s of 104 s); real MiniLM ran at the same speed either way
+            self.options["cpp_wrapper_build_separate"] = True
         self._compiled = torch.compile(model, dynamic=config.dynamic, options=self.options)
         self.selection: dict[str, Any] = {}
         self.check_cosine: float | None = None
