@@ -430,3 +430,24 @@ def test_analyze_defaults_fit_a_model_with_few_positions(tiny_checkpoint, capsys
         ["analyze", str(tiny_checkpoint), "--hotspots", "", "--png", "", "--json", str(record)]
     )
     assert code == 0, capsys.readouterr().err
+
+
+def test_export_flags_are_exportconfigs_fields_with_their_defaults_and_help():
+    """squant export's shape flags come from ExportConfig itself: a new field is a new flag,
+    a changed default changes the CLI's, and each has the field's help."""
+    import dataclasses
+
+    from squant.cli import build_parser
+    from squant.commands.common import dataclass_from_args
+    from squant.runtime.export import ExportConfig
+
+    parser = build_parser()
+    args = parser.parse_args(["export", "src", "--out", "o"])
+    assert dataclass_from_args(ExportConfig, args) == ExportConfig()
+    given = ["--batch", "4", "--seq", "64", "--dynamic-seq", "--dynamic-batch"]
+    args = parser.parse_args(["export", "src", "--out", "o", *given, "--float-dtype", "fp32"])
+    assert dataclass_from_args(ExportConfig, args) == ExportConfig(4, 64, True, True, "fp32")
+    for f in dataclasses.fields(ExportConfig):
+        assert f.metadata.get("help"), f.name
+    with pytest.raises(SystemExit):
+        parser.parse_args(["export", "src", "--out", "o", "--batch", "0"])

@@ -6,7 +6,8 @@ import argparse
 import dataclasses
 import math
 import os
-from collections.abc import Callable
+import typing
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..quant.config import ACT_RANGES, ATTENTION_KINDS, MODES, SITE_KINDS, SmoothQuantConfig
@@ -167,3 +168,30 @@ def add_runtime_argument(parser: argparse.ArgumentParser, default: str, why: str
         "and sdpa, timed at start-up; name one so that every replica or actor computes the "
         "same vectors, as timing may pick differently in each)",
     )
+
+
+def add_dataclass_arguments(
+    parser: argparse.ArgumentParser, cls: type, types: Mapping[str, Callable[[str], Any]]
+) -> None:
+    """One flag per field of a config dataclass: `--field-name`, its default the field's, its
+    help the field's metadata["help"], booleans as switches, Literal types as choices. types:
+    the argparse type of non-str fields (positive_int, ...)."""
+    hints = typing.get_type_hints(cls)
+    for field in dataclasses.fields(cls):
+        flag = "--" + field.name.replace("_", "-")
+        help_text = field.metadata.get("help")
+        hint = hints[field.name]
+        if hint is bool:
+            action = "store_false" if field.default else "store_true"
+            parser.add_argument(flag, action=action, help=help_text)
+        elif typing.get_origin(hint) is typing.Literal:
+            choices = typing.get_args(hint)
+            parser.add_argument(flag, choices=choices, default=field.default, help=help_text)
+        else:
+            kind = types.get(field.name, str)
+            parser.add_argument(flag, type=kind, default=field.default, help=help_text)
+
+
+def dataclass_from_args(cls: type, args: argparse.Namespace) -> Any:
+    """The config dataclass from the flags add_dataclass_arguments added."""
+    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})

@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 
 from ..errors import SquantError
-from .common import add_config_arguments, config_from_args, positive_int
+from .common import (
+    add_config_arguments,
+    add_dataclass_arguments,
+    config_from_args,
+    dataclass_from_args,
+    positive_int,
+)
 from .quantize import add_calibration_arguments, calibration_settings
 
 HELP = "build a deploy directory (.pt2 package + manifest + tokenizer) from a checkpoint"
@@ -19,19 +25,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--out", required=True, help="the deploy directory to write")
     p.add_argument("--calib", default=None, help="calibration texts (float checkpoints only)")
-    p.add_argument("--batch", type=positive_int, default=1, help="batch the package runs at")
-    p.add_argument("--seq", type=positive_int, default=128, help="sequence length it runs at")
-    p.add_argument(
-        "--dynamic-seq",
-        action="store_true",
-        help="accept any sequence length up to the model's limit",
-    )
-    p.add_argument(
-        "--dynamic-batch",
-        action="store_true",
-        help="accept any batch size (a server then sends each batch unpadded)",
-    )
-    p.add_argument("--float-dtype", choices=("auto", "bf16", "fp32"), default="auto")
+    from ..runtime.export import ExportConfig
+
+    add_dataclass_arguments(p, ExportConfig, {"batch": positive_int, "seq": positive_int})
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     p.add_argument("--task", default="auto", help="head to load (auto = the checkpoint's own)")
     add_calibration_arguments(p)
@@ -48,13 +44,7 @@ def run(args: argparse.Namespace) -> None:
     from ..files import check_output_dir
     from ..runtime.export import MANIFEST, MAX_BATCH, ExportConfig, export
 
-    config = ExportConfig(
-        batch=args.batch,
-        seq=args.seq,
-        dynamic_seq=args.dynamic_seq,
-        dynamic_batch=args.dynamic_batch,
-        float_dtype=args.float_dtype,
-    )
+    config: ExportConfig = dataclass_from_args(ExportConfig, args)
     source = Path(args.source)
     quantized_dir = source_kind(source) == "quantized"
     if not quantized_dir:

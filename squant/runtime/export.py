@@ -39,7 +39,7 @@ import threading
 import weakref
 import zipfile
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -103,11 +103,19 @@ class ExportConfig:
         has native BF16). Attention is squant's fused kernel for quantized models.
     """
 
-    batch: int = 1
-    seq: int = 128
-    dynamic_seq: bool = False
-    dynamic_batch: bool = False
-    float_dtype: FloatDtype = "auto"
+    batch: int = field(default=1, metadata={"help": "batch the package runs at"})
+    seq: int = field(default=128, metadata={"help": "sequence length it runs at"})
+    dynamic_seq: bool = field(
+        default=False, metadata={"help": "accept any sequence length up to the model's limit"}
+    )
+    dynamic_batch: bool = field(
+        default=False,
+        metadata={"help": "accept any batch size (a server then sends each batch unpadded)"},
+    )
+    float_dtype: FloatDtype = field(
+        default="auto",
+        metadata={"help": "dtype of the float parts (auto: BF16 where the CPU has it natively)"},
+    )
 
     def __post_init__(self) -> None:
         if self.batch < 1 or self.seq < 2:
