@@ -98,3 +98,29 @@ def test_bench_command_writes_every_field(tiny_checkpoint, tmp_path, capsys):
         assert r["sequences_per_s"] > 0
         assert len(r["latency"]) == 2
         assert {"median_ms", "p90_ms", "p99_ms"} <= set(r["latency"][0])
+
+
+def test_pin_current_thread_pins_only_the_calling_thread_and_sizes_the_pool():
+    import threading
+
+    from squant.runtime.placement import allowed_cores, pin_current_thread
+
+    cores = allowed_cores()
+    if not cores:
+        pytest.skip("no CPU affinity on this OS")
+    seen = {}
+
+    def pinned() -> None:
+        before = torch.get_num_threads()
+        pin_current_thread([cores[-1]], threads=1)
+        seen["affinity"] = os.sched_getaffinity(threading.get_native_id())
+        seen["threads"] = torch.get_num_threads()
+        torch.set_num_threads(before)
+
+    t = threading.Thread(target=pinned)
+    t.start()
+    t.join()
+    assert seen == {"affinity": {cores[-1]}, "threads": 1}
+    assert sorted(os.sched_getaffinity(0)) == cores  # this thread is untouched
+    pin_current_thread([])  # no cores: nothing to do
+    assert sorted(os.sched_getaffinity(0)) == cores

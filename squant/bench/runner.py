@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ..runtime.placement import Placement
+from ..runtime.placement import Placement, pin_current_thread
 from ..runtime.timing import summarize
 
 
@@ -53,10 +53,8 @@ def run(
 
     def worker(i: int) -> None:
         try:
-            tid = threading.get_native_id()
-            os.sched_setaffinity(tid, placement.cores[i])
-            torch.set_num_threads(placement.cores_per_instance)
-            affinity[i] = sorted(os.sched_getaffinity(tid))
+            pin_current_thread(placement.cores[i], placement.cores_per_instance)
+            affinity[i] = sorted(os.sched_getaffinity(threading.get_native_id()))
             with torch.no_grad():
                 for _ in range(warmup):
                     fn()

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from ..errors import SquantError
-from ..runtime.placement import allowed_cores
+from ..runtime.placement import allowed_cores, pin_current_thread
 from ..serve.engine import OFFLINE_BATCH_TOKENS
 from ..serve.runtime import Attention
 from .local import EmbedReport, embed_texts, offline_config, write_shards
@@ -82,7 +82,7 @@ class SquantEmbedder:
         cores = cores or _ray_cpus() or len(os.sched_getaffinity(0))
         pinned, self._lock = claim_cores(cores)
         if pinned:
-            os.sched_setaffinity(0, pinned)
+            pin_current_thread(pinned)
         else:
             warnings.warn(
                 f"no free slot of {cores} cores on this node: this actor is not pinned",

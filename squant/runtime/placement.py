@@ -6,7 +6,11 @@ way the throughput it is measured against was placed."""
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+import torch
 
 from ..errors import SquantError
 from ..hardware import cpu_features
@@ -57,6 +61,16 @@ def front_end_cores(placement: Placement) -> tuple[int, ...]:
     return tuple(sorted(set(os.sched_getaffinity(0)) - used))
 
 
+def pin_current_thread(cores: Sequence[int], threads: int | None = None) -> None:
+    """Run the calling thread (and the threads it starts afterwards, which inherit it) on
+    `cores`, and with `threads`, size torch's intra-op pool to match. The one place squant
+    pins: a no-op for no cores, and off Linux (no affinity call there)."""
+    if cores and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(threading.get_native_id(), cores)
+    if threads is not None:
+        torch.set_num_threads(threads)
+
+
 def pin_front_end(placement: Placement) -> tuple[int, ...]:
     """Move the calling thread, and the threads it starts afterwards (uvicorn's event loop
     runs on it; asyncio's tokenizer pool is started from it), onto the cores no instance
@@ -64,6 +78,5 @@ def pin_front_end(placement: Placement) -> tuple[int, ...]:
     when the instances use every core (the front end then shares them) or off Linux. Call it
     after Engine.start: the workers pin themselves, and warm-up runs on the calling thread."""
     spare = front_end_cores(placement)
-    if spare:
-        os.sched_setaffinity(0, spare)
+    pin_current_thread(spare)
     return spare

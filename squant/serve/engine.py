@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-import os
 import threading
 import time
 from collections import deque
@@ -40,7 +39,7 @@ from ..checkpoint.sentence_transformer import stated_length
 from ..errors import SquantError
 from ..quant.mappings import hf_config, max_positions
 from ..quant.monitor import RangeMonitor
-from ..runtime.placement import front_end_cores, plan
+from ..runtime.placement import front_end_cores, pin_current_thread, plan
 from .executor import Executor, LocalExecutor
 from .process_memory import limit_malloc_arenas, release_free_memory
 from .runtime import ATTENTIONS, RUNTIMES, Attention, Runtime
@@ -639,9 +638,7 @@ class Engine:
         # stays off the instances' cores, which belong to the child's threads
         in_process = self.executor.in_process
         cores = self.placement.cores[index] if in_process else front_end_cores(self.placement)
-        if cores and hasattr(os, "sched_setaffinity"):
-            os.sched_setaffinity(threading.get_native_id(), cores)
-        torch.set_num_threads(self.placement.cores_per_instance)
+        pin_current_thread(cores, self.placement.cores_per_instance)
         while True:
             batch = self._take_batch()
             if batch is None:

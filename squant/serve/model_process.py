@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import multiprocessing
-import os
 import queue
 import threading
 import time
@@ -38,7 +37,7 @@ import torch
 from torch import nn
 
 from ..errors import SquantError, first_line
-from ..runtime.placement import plan
+from ..runtime.placement import pin_current_thread, plan
 
 # loading and compiling a model takes seconds to minutes; a child silent for this long is hung
 START_TIMEOUT_S = 1800.0
@@ -59,9 +58,8 @@ def _child_main(path: str, config: Any, pooling_from: str | None, conns: list[Co
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         placement = plan(config.instances, config.cores_per_instance)
-        cores = sorted({c for group in placement.cores for c in group})
-        if cores and hasattr(os, "sched_setaffinity"):
-            os.sched_setaffinity(0, cores)  # loading and compiling run on the model's cores
+        # loading and compiling run on the model's cores
+        pin_current_thread(sorted({c for group in placement.cores for c in group}))
         if config.malloc_arenas:  # as Engine.start does in one process
             from .process_memory import limit_malloc_arenas
 
@@ -119,10 +117,7 @@ def _answer(engine: Any, index: int, conn: Connection) -> None:
     and when no batch is waiting, at most every trim_interval_s."""
     from .process_memory import release_free_memory
 
-    cores = engine.placement.cores[index]
-    if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(threading.get_native_id(), cores)
-    torch.set_num_threads(engine.placement.cores_per_instance)
+    pin_current_thread(engine.placement.cores[index], engine.placement.cores_per_instance)
     idle_s, every_s = engine.config.idle_trim_s, engine.config.trim_interval_s
     ran, last_trim = False, time.monotonic()
     while True:

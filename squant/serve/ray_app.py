@@ -11,12 +11,11 @@ answers 429 with Retry-After when its queue holds more than max_queue_ms of work
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import SquantError
-from ..runtime.placement import allowed_cores
+from ..runtime.placement import allowed_cores, pin_current_thread
 from .engine import ServeConfig
 
 if TYPE_CHECKING:
@@ -64,8 +63,7 @@ def application(
 
         rank = serve.get_replica_context().rank
         local_rank = int(getattr(rank, "local_rank", rank))
-        if hasattr(os, "sched_setaffinity"):
-            os.sched_setaffinity(0, replica_cores(local_rank, cores_per_replica))
+        pin_current_thread(replica_cores(local_rank, cores_per_replica))
         # the replica's cores are now all this process sees: the placement splits them
         engine = engine_for(model, config, pooling_from, calib)
         engine.start()
