@@ -158,7 +158,7 @@ def add_runtime_argument(parser: argparse.ArgumentParser, default: str, why: str
         "can be built or --attention is named), compiled for a model quantized at start-up, "
         "eager for a float checkpoint",
     )
-    from ..serve.runtime import ATTENTIONS
+    from ..runtime.compiler import ATTENTIONS
 
     parser.add_argument(
         "--attention",

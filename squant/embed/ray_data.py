@@ -35,9 +35,9 @@ import numpy as np
 import torch
 
 from ..errors import SquantError
+from ..runtime.compiler import Attention
 from ..runtime.placement import allowed_cores, pin_current_thread
 from ..serve.engine import OFFLINE_BATCH_TOKENS
-from ..serve.runtime import Attention
 from .local import EmbedReport, embed_texts, offline_config, write_shards
 
 ROUND_ROWS = 50_000  # rows per Ray dataset of `squant embed --ray` (see embed_file_on_ray)

@@ -27,7 +27,7 @@ from torch import nn
 from ..bench.report import format_table
 from ..checkpoint.quantize_api import quantize
 from ..errors import SquantError
-from ..quant.config import SITE_KINDS, SmoothQuantConfig
+from ..quant.config import MODES, SITE_KINDS, SmoothQuantConfig
 from ..quant.qlinear import QuantLinear
 from ..quant.quantize import smooth
 from ..quant.record import record_of
@@ -46,7 +46,7 @@ class TuneConfig:
 
     max_loss: float = 0.5
     metric: str | None = None
-    modes: tuple[str, ...] = ("static", "dynamic")
+    modes: tuple[str, ...] = MODES
     alphas: tuple[float | str, ...] = ("auto", 0.5, 0.75)
     max_fallback: int = 12
     outlier_escalation: bool = True

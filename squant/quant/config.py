@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from ..errors import SquantError
 
@@ -12,10 +12,11 @@ Mode = Literal["static", "dynamic"]
 ActRange = Literal["minmax", "percentile"]
 AttentionKind = Literal["auto", "float", "int8"]
 
-MODES: tuple[str, ...] = ("static", "dynamic")
+# each choice once, as a Literal; its tuple (for checks and CLI choices) derived from it
+MODES: tuple[str, ...] = get_args(Mode)
 SITE_KINDS: tuple[str, ...] = ("qkv", "attn_out", "ffn_in", "ffn_out")
-ACT_RANGES: tuple[str, ...] = ("minmax", "percentile")
-ATTENTION_KINDS: tuple[str, ...] = ("auto", "float", "int8")
+ACT_RANGES: tuple[str, ...] = get_args(ActRange)
+ATTENTION_KINDS: tuple[str, ...] = get_args(AttentionKind)
 # a handful of channels carry BERT's outliers; more would turn the float side GEMM into real work
 MAX_OUTLIER_CHANNELS = 64
 

@@ -22,7 +22,7 @@ import threading
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Literal, cast
+from typing import Any, Literal, cast, get_args
 
 import torch
 from torch import Tensor, nn
@@ -42,7 +42,13 @@ from ..quant.record import QuantizationRecord, record_of
 from .outputs import first_tensor
 from .timing import measure
 
+# each choice once, as a Literal; its tuple (for checks and CLI choices) derived from it
 FloatDtype = Literal["auto", "bf16", "fp32"]
+FLOAT_DTYPES: tuple[FloatDtype, ...] = get_args(FloatDtype)
+Attention = Literal["auto", "squant", "sdpa", "model"]
+ATTENTIONS: tuple[Attention, ...] = get_args(Attention)
+Gemm = Literal["onednn", "autotune", "auto"]
+GEMMS: tuple[Gemm, ...] = get_args(Gemm)
 
 
 @dataclass(frozen=True)
@@ -64,8 +70,8 @@ class CompileConfig:
     """
 
     float_dtype: FloatDtype = "auto"
-    attention: Literal["auto", "squant", "sdpa", "model"] = "auto"
-    gemm: Literal["onednn", "autotune", "auto"] = "onednn"
+    attention: Attention = "auto"
+    gemm: Gemm = "onednn"
     dynamic: bool = False
     min_cosine: float = 0.999
     kernel_profile: bool = False  # name inductor's kernels in profiler traces (hotspots)
@@ -78,9 +84,9 @@ class CompileConfig:
 
     def __post_init__(self) -> None:
         choices = {
-            "float_dtype": ("auto", "bf16", "fp32"),
-            "attention": ("auto", "squant", "sdpa", "model"),
-            "gemm": ("onednn", "autotune", "auto"),
+            "float_dtype": FLOAT_DTYPES,
+            "attention": ATTENTIONS,
+            "gemm": GEMMS,
         }
         for field, allowed in choices.items():
             if getattr(self, field) not in allowed:

@@ -61,7 +61,7 @@ from ..quant.mappings import MODEL_INPUT_KEYS, hf_config, input_names
 from ..quant.qlinear import QuantLinear
 from ..quant.record import QuantizationRecord, record_of
 from ..version import __version__
-from .compiler import CompileConfig, FloatDtype, cast_float_parts
+from .compiler import FLOAT_DTYPES, CompileConfig, FloatDtype, cast_float_parts
 from .outputs import NamedOutputs, named_tensors, output_tensors
 
 PACKAGE = "model.pt2"
@@ -120,7 +120,7 @@ class ExportConfig:
     def __post_init__(self) -> None:
         if self.batch < 1 or self.seq < 2:
             raise SquantError(f"batch must be >= 1 and seq >= 2, got {self.batch} and {self.seq}")
-        if self.float_dtype not in ("auto", "bf16", "fp32"):
+        if self.float_dtype not in FLOAT_DTYPES:
             raise SquantError(f"float_dtype must be auto, bf16 or fp32, got {self.float_dtype!r}")
 
     def resolved_dtype(self) -> torch.dtype:

@@ -39,10 +39,11 @@ from ..checkpoint.sentence_transformer import stated_length
 from ..errors import SquantError
 from ..quant.mappings import hf_config, max_positions
 from ..quant.monitor import RangeMonitor
+from ..runtime.compiler import ATTENTIONS, Attention
 from ..runtime.placement import front_end_cores, pin_current_thread, plan
 from .executor import Executor, LocalExecutor
 from .process_memory import limit_malloc_arenas, release_free_memory
-from .runtime import ATTENTIONS, RUNTIMES, Attention, Runtime
+from .runtime import RUNTIMES, Runtime
 
 BUCKETS = (16, 32, 64, 128, 256, 512)
 # Padded tokens per batch. Real MiniLM static INT8 on one AVX2 core, 128-token sequences

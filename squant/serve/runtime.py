@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 from torch import nn
@@ -27,11 +27,10 @@ from torch import nn
 from ..errors import SquantError, first_line
 from ..quant.mappings import model_inputs
 from ..quant.record import record_of
+from ..runtime.compiler import Attention
 
 Runtime = Literal["auto", "eager", "compiled", "package"]
-RUNTIMES: tuple[Runtime, ...] = ("auto", "eager", "compiled", "package")
-Attention = Literal["auto", "squant", "sdpa", "model"]
-ATTENTIONS: tuple[Attention, ...] = ("auto", "squant", "sdpa", "model")
+RUNTIMES: tuple[Runtime, ...] = get_args(Runtime)
 
 # the compile check's inputs: a padded batch of real text (a compile that agreed on full
 # random batches was refused on real weights with padded ones), one of
