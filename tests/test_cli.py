@@ -451,3 +451,23 @@ def test_export_flags_are_exportconfigs_fields_with_their_defaults_and_help():
         assert f.metadata.get("help"), f.name
     with pytest.raises(SystemExit):
         parser.parse_args(["export", "src", "--out", "o", "--batch", "0"])
+
+
+def test_serve_flags_are_serveconfigs_fields_with_their_defaults():
+    """squant serve's engine flags come from ServeConfig (defaults, help, --timeout for
+    timeout_s): with none given the engine gets ServeConfig's own settings."""
+    import dataclasses
+
+    from squant.cli import build_parser
+    from squant.commands.serve import SERVE_FLAGS, serve_config
+    from squant.serve.engine import ServeConfig
+
+    parser = build_parser()
+    args = parser.parse_args(["serve", "model", "--model-process", "off"])
+    assert serve_config(args) == ServeConfig()
+    given = ["--timeout", "5", "--max-queue", "7", "--watch-ranges", "--instances", "1"]
+    args = parser.parse_args(["serve", "model", "--model-process", "off", *given])
+    want = ServeConfig(timeout_s=5.0, max_queue=7, watch_ranges=True, instances=1)
+    assert serve_config(args) == want
+    fields = {f.name: f for f in dataclasses.fields(ServeConfig)}
+    assert all(fields[name].metadata.get("help") for name in SERVE_FLAGS)

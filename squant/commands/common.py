@@ -7,7 +7,7 @@ import dataclasses
 import math
 import os
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..quant.config import ACT_RANGES, ATTENTION_KINDS, MODES, SITE_KINDS, SmoothQuantConfig
@@ -171,27 +171,44 @@ def add_runtime_argument(parser: argparse.ArgumentParser, default: str, why: str
 
 
 def add_dataclass_arguments(
-    parser: argparse.ArgumentParser, cls: type, types: Mapping[str, Callable[[str], Any]]
+    parser: argparse.ArgumentParser,
+    cls: type,
+    types: Mapping[str, Callable[[str], Any]],
+    only: Sequence[str] | None = None,
 ) -> None:
-    """One flag per field of a config dataclass: `--field-name`, its default the field's, its
-    help the field's metadata["help"], booleans as switches, Literal types as choices. types:
-    the argparse type of non-str fields (positive_int, ...)."""
+    """One flag per field of a config dataclass (or of the fields named in `only`):
+    `--field-name` (or metadata["flag"]), its default the field's, its help the field's
+    metadata["help"], booleans as switches, Literal types as choices. types: the argparse type
+    of non-str fields (positive_int, ...)."""
     hints = typing.get_type_hints(cls)
-    for field in dataclasses.fields(cls):
-        flag = "--" + field.name.replace("_", "-")
-        help_text = field.metadata.get("help")
+    for field in _fields(cls, only):
+        flag = field.metadata.get("flag", "--" + field.name.replace("_", "-"))
+        common: dict[str, Any] = {"dest": field.name, "help": field.metadata.get("help")}
         hint = hints[field.name]
         if hint is bool:
             action = "store_false" if field.default else "store_true"
-            parser.add_argument(flag, action=action, help=help_text)
+            parser.add_argument(flag, action=action, **common)
         elif typing.get_origin(hint) is typing.Literal:
             choices = typing.get_args(hint)
-            parser.add_argument(flag, choices=choices, default=field.default, help=help_text)
+            parser.add_argument(flag, choices=choices, default=field.default, **common)
         else:
             kind = types.get(field.name, str)
-            parser.add_argument(flag, type=kind, default=field.default, help=help_text)
+            metavar = flag.removeprefix("--").replace("-", "_").upper()  # the flag's, not dest's
+            parser.add_argument(flag, type=kind, default=field.default, metavar=metavar, **common)
+
+
+def dataclass_values(
+    cls: type, args: argparse.Namespace, only: Sequence[str] | None = None
+) -> dict[str, Any]:
+    """The values of the flags add_dataclass_arguments added, by field name."""
+    return {f.name: getattr(args, f.name) for f in _fields(cls, only)}
 
 
 def dataclass_from_args(cls: type, args: argparse.Namespace) -> Any:
-    """The config dataclass from the flags add_dataclass_arguments added."""
-    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+    """The config dataclass from the flags add_dataclass_arguments added (for all fields)."""
+    return cls(**dataclass_values(cls, args))
+
+
+def _fields(cls: type, only: Sequence[str] | None) -> list[dataclasses.Field[Any]]:
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    return list(fields.values()) if only is None else [fields[name] for name in only]

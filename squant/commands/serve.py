@@ -5,12 +5,21 @@ from __future__ import annotations
 import argparse
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import SquantError, first_line
 from ..serve.engine import ServeConfig
-from .common import add_runtime_argument, port_number, positive_float, positive_int, ray_init
+from .common import (
+    add_dataclass_arguments,
+    add_runtime_argument,
+    dataclass_values,
+    port_number,
+    positive_float,
+    positive_int,
+    ray_init,
+)
 
 if TYPE_CHECKING:
     from ..serve.app import HttpConfig
@@ -18,7 +27,33 @@ if TYPE_CHECKING:
 
 API_KEY_ENV = "SQUANT_API_KEY"
 
-# the engine settings the flags default to (ServeConfig is where each one is explained)
+# ServeConfig's fields that are `squant serve` flags, with their defaults and help (the rest:
+# --runtime/--attention shared with embed, --model-process's auto, and settings not exposed)
+SERVE_FLAGS = (
+    "instances",
+    "cores_per_instance",
+    "max_batch_requests",
+    "max_batch_tokens",
+    "max_queue",
+    "timeout_s",
+    "max_concurrent",
+    "malloc_arenas",
+    "max_queue_ms",
+    "max_wait_ms",
+    "watch_ranges",
+)
+FLAG_TYPES: dict[str, Callable[[str], Any]] = {
+    "instances": positive_int,
+    "cores_per_instance": positive_int,
+    "max_batch_requests": positive_int,
+    "max_batch_tokens": positive_int,
+    "max_queue": positive_int,
+    "timeout_s": positive_float,
+    "max_concurrent": positive_int,
+    "malloc_arenas": int,
+    "max_queue_ms": float,
+    "max_wait_ms": float,
+}
 DEFAULTS = ServeConfig()
 
 HELP = "serve a model over HTTP (TEI/OpenAI-compatible routes, dynamic batching)"
@@ -32,46 +67,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=port_number, default=8080)
-    p.add_argument("--instances", type=positive_int, default=None, help="default: cores / C")
-    p.add_argument("--cores-per-instance", type=positive_int, default=None)
-    p.add_argument("--max-batch-requests", type=positive_int, default=DEFAULTS.max_batch_requests)
-    p.add_argument(
-        "--max-batch-tokens",
-        type=positive_int,
-        default=DEFAULTS.max_batch_tokens,
-        help="padded tokens per batch (1024 keeps memory flatter under overload)",
-    )
-    p.add_argument(
-        "--max-queue", type=positive_int, default=DEFAULTS.max_queue, help="sequences waiting"
-    )
-    p.add_argument(
-        "--timeout", type=positive_float, default=DEFAULTS.timeout_s, help="seconds in the queue"
-    )
-    p.add_argument(
-        "--max-concurrent",
-        type=positive_int,
-        default=DEFAULTS.max_concurrent,
-        help="requests in flight (tokenizing, queued, running); beyond it 429 at once",
-    )
-    p.add_argument(
-        "--malloc-arenas",
-        type=int,
-        default=DEFAULTS.malloc_arenas,
-        help="glibc malloc arenas (0: glibc's default); one keeps N workers near one's memory",
-    )
-    p.add_argument(
-        "--max-queue-ms",
-        type=float,
-        default=DEFAULTS.max_queue_ms,
-        help="refuse (429) while the queued work would take longer than this to run (0: off)",
-    )
-    p.add_argument(
-        "--max-wait-ms",
-        type=float,
-        default=DEFAULTS.max_wait_ms,
-        help="a batch short of --max-batch-requests waits this long for more of its length "
-        "bucket (0: never; a few ms fills batches when the front end shares the cores)",
-    )
+    add_dataclass_arguments(p, ServeConfig, FLAG_TYPES, SERVE_FLAGS)
     add_runtime_argument(
         p,
         DEFAULTS.runtime,
@@ -119,12 +115,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "the core at ~100 requests/s, and /metrics counts requests)",
     )
     p.add_argument(
-        "--watch-ranges",
-        action="store_true",
-        help="count, per static int8 linear, tokens outside the calibrated range (on /metrics: "
-        "squant_range_clipped_tokens_total); eager static models only",
-    )
-    p.add_argument(
         "--ray",
         action="store_true",
         help="serve as a Ray Serve application (extra squant[ray]): --replicas servers, each "
@@ -166,17 +156,7 @@ def build_engine(args: argparse.Namespace) -> Engine:
 
 def serve_config(args: argparse.Namespace) -> ServeConfig:
     return ServeConfig(
-        instances=args.instances,
-        cores_per_instance=args.cores_per_instance,
-        max_batch_requests=args.max_batch_requests,
-        max_batch_tokens=args.max_batch_tokens,
-        max_queue=args.max_queue,
-        timeout_s=args.timeout,
-        max_queue_ms=args.max_queue_ms,
-        max_wait_ms=args.max_wait_ms,
-        max_concurrent=args.max_concurrent,
-        malloc_arenas=args.malloc_arenas,
-        watch_ranges=args.watch_ranges,
+        **dataclass_values(ServeConfig, args, SERVE_FLAGS),
         runtime=args.runtime,
         attention=args.attention,
         model_process=wants_model_process(args),

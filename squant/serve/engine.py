@@ -74,36 +74,74 @@ class DeadlineExceededError(Exception):
 
 @dataclass(frozen=True)
 class ServeConfig:
-    instances: int | None = None  # default: cores / cores_per_instance
-    cores_per_instance: int | None = None  # default: 4, fewer on small hosts
-    max_batch_requests: int = 32
-    max_batch_tokens: int = SERVE_BATCH_TOKENS
-    max_queue: int = 1024  # sequences waiting, all requests together
+    # (metadata: the `squant serve` flag's help, and its name where it is not the field's)
+    instances: int | None = field(default=None, metadata={"help": "default: cores / C"})
+    cores_per_instance: int | None = field(
+        default=None, metadata={"help": "C; default: 4, fewer on small hosts"}
+    )
+    max_batch_requests: int = field(default=32, metadata={"help": "sequences per batch"})
+    max_batch_tokens: int = field(
+        default=SERVE_BATCH_TOKENS,
+        metadata={"help": "padded tokens per batch (1024 keeps memory flatter under overload)"},
+    )
+    max_queue: int = field(
+        default=1024, metadata={"help": "sequences waiting, all requests together"}
+    )
     max_inputs: int = 256  # texts in one request
     # requests admitted and not yet answered (tokenizing, queued or running); beyond it a
     # request is refused before any work is spent on it (TEI's max_concurrent_requests)
-    max_concurrent: int = 512
-    timeout_s: float = 30.0  # deadline of a request in the queue
+    max_concurrent: int = field(
+        default=512,
+        metadata={
+            "help": "requests in flight (tokenizing, queued, running); beyond it 429 at once"
+        },
+    )
+    timeout_s: float = field(
+        default=30.0, metadata={"help": "seconds in the queue (then 504)", "flag": "--timeout"}
+    )
     # admission by time, not only by count: a request is refused (429) when the work already
     # queued would take longer than this to run at the measured speed. Under overload the
     # queue then stays short, so latency stays bounded and recovers at once when load falls
     # (a queue bounded only by count fills to timeout_s of waiting first). 0: off.
-    max_queue_ms: float = 2000.0
+    max_queue_ms: float = field(
+        default=2000.0,
+        metadata={
+            "help": "refuse (429) while the queued work would take longer than this to run (0: off)"
+        },
+    )
     # glibc malloc arenas for the whole process (0: glibc's default, 8 per core). Each
     # worker thread otherwise gets its own arena, and freed activation memory stays in it:
     # MiniLM served 2x1 held 926 MiB RSS against 784 MiB for 1x1 (1.18x); with one arena
     # 812 against 787 MiB (1.03x), the weights being shared either way.
-    malloc_arenas: int = 1
+    malloc_arenas: int = field(
+        default=1,
+        metadata={
+            "help": "glibc malloc arenas (0: glibc's default); one keeps N workers near one's "
+            "memory"
+        },
+    )
     # count, per static int8 linear, the tokens whose input left the calibrated range (a
     # drift alarm on /metrics; squant.quant.monitor.RangeMonitor). Eager models only; costs one
     # min/max per token and static linear.
-    watch_ranges: bool = False
+    watch_ranges: bool = field(
+        default=False,
+        metadata={
+            "help": "count, per static int8 linear, tokens outside the calibrated range (on "
+            "/metrics: squant_range_clipped_tokens_total); eager static models only"
+        },
+    )
     # a batch short of its limits waits up to this long (from its oldest sequence's arrival)
     # for more sequences of its bucket. 0 (default): never wait; at low load a request runs
     # at once. On a core shared with the HTTP front end, arrivals trickle in while a batch
     # runs, so a saturated server formed batches of ~4 where 8 were allowed; a few ms lets
     # them fill (docs/serving.md, served vs bench).
-    max_wait_ms: float = 0.0
+    max_wait_ms: float = field(
+        default=0.0,
+        metadata={
+            "help": "a batch short of --max-batch-requests waits this long for more of its "
+            "length bucket (0: never; a few ms fills batches when the front end shares the cores)"
+        },
+    )
     # after this long with nothing to run (and work run before it), hand the heap's free
     # pages back to the OS (glibc malloc_trim): a burst's big batches otherwise leave RSS at
     # their peak for good. An idle gap that short is rare under steady load. 0: never.
