@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import SquantError, first_line
+from ..errors import SquantError
 from ..serve.engine import ServeConfig
 from .common import (
     add_dataclass_arguments,
@@ -198,12 +197,9 @@ def _check_port_free(host: str, port: int) -> None:
 
 def run(args: argparse.Namespace) -> None:
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401  (the serve extra: checked before anything loads)
 
-        from ..runtime.placement import front_end_cores, pin_front_end
-        from ..serve.app import create_app
-        from ..serve.header_deadline import header_deadline_protocol
-        from ..serve.process_memory import freeze_startup_objects
+        from ..serve.server import serve_http
     except ImportError as e:
         raise SquantError(
             f"squant serve needs the serve extra: pip install 'squant[serve]' ({e})"
@@ -216,47 +212,8 @@ def run(args: argparse.Namespace) -> None:
     engine = build_engine(args)
     if engine.quantize_report is not None:
         print("\n".join(engine.quantize_report.lines()))
-    print(
-        f"warming {len(engine.buckets)} length buckets {list(engine.buckets)} on "
-        f"{engine.placement.instances} instance(s) x {engine.placement.cores_per_instance} core(s)"
-        "; the port is open meanwhile, /ready answers 503 with progress"
-    )
-    server = uvicorn.Server(
-        uvicorn.Config(
-            create_app(engine, http=http),
-            host=args.host,
-            port=args.port,
-            access_log=args.access_log,
-            http=header_deadline_protocol(args.header_timeout),
-        )
-    )
-    failed: list[BaseException] = []
-    spare = front_end_cores(engine.placement)
-
-    def warm_up() -> None:
-        try:
-            engine.start()
-        except BaseException as e:  # the server cannot serve: stop it, report below
-            failed.append(e)
-            server.should_exit = True
-            return
-        used = [list(c) for c in engine.placement.cores]
-        where = "this process" if engine.executor.in_process else "a model process"
-        print(
-            f"ready: instances on cores {used} in {where}; HTTP and tokenization on "
-            + (f"cores {list(spare)}" if spare else "the same cores (none left over)"),
-            flush=True,
-        )
-        freeze_startup_objects()
-
-    # warm-up starts before the front end is pinned, so it keeps every core; the event loop
-    # and the threads it starts later stay on the cores no instance uses
-    warming = threading.Thread(target=warm_up, daemon=True, name="squant-warm-up")
-    warming.start()
-    pin_front_end(engine.placement)
-    server.run()
-    if failed:
-        raise SquantError(f"warm-up failed: {first_line(failed[0])}") from None
+    say = lambda line: print(line, flush=True)  # noqa: E731
+    serve_http(engine, http, args.host, args.port, args.access_log, args.header_timeout, say)
 
 
 def _run_ray(args: argparse.Namespace, http: HttpConfig) -> None:
