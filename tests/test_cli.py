@@ -471,3 +471,22 @@ def test_serve_flags_are_serveconfigs_fields_with_their_defaults():
     assert serve_config(args) == want
     fields = {f.name: f for f in dataclasses.fields(ServeConfig)}
     assert all(fields[name].metadata.get("help") for name in SERVE_FLAGS)
+
+
+def test_embed_flags_are_serveconfigs_fields_with_bulk_embeddings_batch_default():
+    from squant.cli import build_parser
+    from squant.commands.common import dataclass_values
+    from squant.commands.embed import EMBED_FLAGS
+    from squant.serve.engine import OFFLINE_BATCH_TOKENS, ServeConfig
+
+    parser = build_parser()
+    args = parser.parse_args(["embed", "model", "in.txt", "--out", "o"])
+    defaults = ServeConfig()
+    assert dataclass_values(ServeConfig, args, EMBED_FLAGS) == {
+        "instances": defaults.instances,
+        "cores_per_instance": defaults.cores_per_instance,
+        "max_batch_requests": defaults.max_batch_requests,
+        "max_batch_tokens": OFFLINE_BATCH_TOKENS,  # embed's own default
+    }
+    args = parser.parse_args(["embed", "model", "in.txt", "--out", "o", "--max-batch-tokens", "9"])
+    assert dataclass_values(ServeConfig, args, EMBED_FLAGS)["max_batch_tokens"] == 9

@@ -175,26 +175,28 @@ def add_dataclass_arguments(
     cls: type,
     types: Mapping[str, Callable[[str], Any]],
     only: Sequence[str] | None = None,
+    defaults: Mapping[str, Any] | None = None,
 ) -> None:
     """One flag per field of a config dataclass (or of the fields named in `only`):
     `--field-name` (or metadata["flag"]), its default the field's, its help the field's
     metadata["help"], booleans as switches, Literal types as choices. types: the argparse type
-    of non-str fields (positive_int, ...)."""
+    of non-str fields (positive_int, ...); defaults: a command's own, where it differs."""
     hints = typing.get_type_hints(cls)
     for field in _fields(cls, only):
+        default = (defaults or {}).get(field.name, field.default)
         flag = field.metadata.get("flag", "--" + field.name.replace("_", "-"))
         common: dict[str, Any] = {"dest": field.name, "help": field.metadata.get("help")}
         hint = hints[field.name]
         if hint is bool:
-            action = "store_false" if field.default else "store_true"
+            action = "store_false" if default else "store_true"
             parser.add_argument(flag, action=action, **common)
         elif typing.get_origin(hint) is typing.Literal:
             choices = typing.get_args(hint)
-            parser.add_argument(flag, choices=choices, default=field.default, **common)
+            parser.add_argument(flag, choices=choices, default=default, **common)
         else:
             kind = types.get(field.name, str)
             metavar = flag.removeprefix("--").replace("-", "_").upper()  # the flag's, not dest's
-            parser.add_argument(flag, type=kind, default=field.default, metavar=metavar, **common)
+            parser.add_argument(flag, type=kind, default=default, metavar=metavar, **common)
 
 
 def dataclass_values(
@@ -212,3 +214,18 @@ def dataclass_from_args(cls: type, args: argparse.Namespace) -> Any:
 def _fields(cls: type, only: Sequence[str] | None) -> list[dataclasses.Field[Any]]:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     return list(fields.values()) if only is None else [fields[name] for name in only]
+
+
+# the argparse types of ServeConfig's fields that are flags (squant serve, squant embed)
+ENGINE_FLAG_TYPES: dict[str, Callable[[str], Any]] = {
+    "instances": positive_int,
+    "cores_per_instance": positive_int,
+    "max_batch_requests": positive_int,
+    "max_batch_tokens": positive_int,
+    "max_queue": positive_int,
+    "timeout_s": positive_float,
+    "max_concurrent": positive_int,
+    "malloc_arenas": int,
+    "max_queue_ms": float,
+    "max_wait_ms": float,
+}

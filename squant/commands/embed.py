@@ -5,11 +5,21 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from ..serve.engine import OFFLINE_BATCH_TOKENS
-from .common import add_runtime_argument, positive_int, ray_init
+from ..serve.engine import OFFLINE_BATCH_TOKENS, ServeConfig
+from .common import (
+    ENGINE_FLAG_TYPES,
+    add_dataclass_arguments,
+    add_runtime_argument,
+    dataclass_values,
+    positive_int,
+    ray_init,
+)
 
 if TYPE_CHECKING:
     from ..embed.local import EmbedReport
+
+# the engine settings `squant embed` takes as flags (ServeConfig's fields, help and types)
+EMBED_FLAGS = ("instances", "cores_per_instance", "max_batch_requests", "max_batch_tokens")
 
 HELP = "embed a corpus (one text per line / JSONL) into Parquet shards, resumable"
 
@@ -19,10 +29,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("input", help="texts: .txt (one per line) or .jsonl (a text field per line)")
     p.add_argument("--out", required=True, help="directory of part-NNNNN.parquet shards")
     p.add_argument("--shard-rows", type=positive_int, default=10_000)
-    p.add_argument("--instances", type=positive_int, default=None, help="default: cores / C")
-    p.add_argument("--cores-per-instance", type=positive_int, default=None)
-    p.add_argument("--max-batch-requests", type=positive_int, default=32)
-    p.add_argument("--max-batch-tokens", type=positive_int, default=OFFLINE_BATCH_TOKENS)
+    add_dataclass_arguments(
+        p,
+        ServeConfig,
+        ENGINE_FLAG_TYPES,
+        EMBED_FLAGS,
+        {"max_batch_tokens": OFFLINE_BATCH_TOKENS},  # nothing waits: bigger batches
+    )
     norm = p.add_mutually_exclusive_group()
     norm.add_argument("--normalize", dest="normalize", action="store_true", default=None)
     norm.add_argument("--no-normalize", dest="normalize", action="store_false")
@@ -45,10 +58,7 @@ def run(args: argparse.Namespace) -> None:
         print(_run_on_ray(args).line())
         return
     config = offline_config(
-        instances=args.instances,
-        cores_per_instance=args.cores_per_instance,
-        max_batch_requests=args.max_batch_requests,
-        max_batch_tokens=args.max_batch_tokens,
+        **dataclass_values(ServeConfig, args, EMBED_FLAGS),
         runtime=args.runtime,
         attention=args.attention,
     )

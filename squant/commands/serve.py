@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import SquantError
 from ..serve.engine import ServeConfig
 from .common import (
+    ENGINE_FLAG_TYPES,
     add_dataclass_arguments,
     add_runtime_argument,
     dataclass_values,
@@ -41,18 +41,6 @@ SERVE_FLAGS = (
     "max_wait_ms",
     "watch_ranges",
 )
-FLAG_TYPES: dict[str, Callable[[str], Any]] = {
-    "instances": positive_int,
-    "cores_per_instance": positive_int,
-    "max_batch_requests": positive_int,
-    "max_batch_tokens": positive_int,
-    "max_queue": positive_int,
-    "timeout_s": positive_float,
-    "max_concurrent": positive_int,
-    "malloc_arenas": int,
-    "max_queue_ms": float,
-    "max_wait_ms": float,
-}
 DEFAULTS = ServeConfig()
 
 HELP = "serve a model over HTTP (TEI/OpenAI-compatible routes, dynamic batching)"
@@ -66,7 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=port_number, default=8080)
-    add_dataclass_arguments(p, ServeConfig, FLAG_TYPES, SERVE_FLAGS)
+    add_dataclass_arguments(p, ServeConfig, ENGINE_FLAG_TYPES, SERVE_FLAGS)
     add_runtime_argument(
         p,
         DEFAULTS.runtime,

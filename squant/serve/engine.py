@@ -82,7 +82,7 @@ class ServeConfig:
     max_batch_requests: int = field(default=32, metadata={"help": "sequences per batch"})
     max_batch_tokens: int = field(
         default=SERVE_BATCH_TOKENS,
-        metadata={"help": "padded tokens per batch (1024 keeps memory flatter under overload)"},
+        metadata={"help": "padded tokens per batch (fewer keeps memory flatter under overload)"},
     )
     max_queue: int = field(
         default=1024, metadata={"help": "sequences waiting, all requests together"}
