@@ -253,11 +253,14 @@ def create_app(
                         raise ApiError(
                             400, f"text is not valid Unicode: lone surrogate {where}", "bad_request"
                         ) from None
-        if len(items) > engine.config.max_inputs:
-            raise ApiError(
-                413, f"{len(items)} inputs; at most {engine.config.max_inputs}", "too_many_inputs"
-            )
+        _check_count(len(items))
         return items
+
+    def _check_count(n: int) -> None:
+        if n > engine.config.max_inputs:
+            raise ApiError(
+                413, f"{n} inputs; at most {engine.config.max_inputs}", "too_many_inputs"
+            )
 
     def _texts(inputs: str | list[str]) -> list[Text]:
         return _checked([inputs] if isinstance(inputs, str) else list(inputs))
@@ -267,12 +270,7 @@ def create_app(
         if isinstance(inputs, str) or not inputs or isinstance(inputs[0], str):
             return _texts(inputs)
         sequences = [inputs] if isinstance(inputs[0], int) else inputs
-        if len(sequences) > engine.config.max_inputs:
-            raise ApiError(
-                413,
-                f"{len(sequences)} inputs; at most {engine.config.max_inputs}",
-                "too_many_inputs",
-            )
+        _check_count(len(sequences))
         return TokenIds(sequences)
 
     def _predict_texts(inputs: str | list[Any]) -> list[Text]:
