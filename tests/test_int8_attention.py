@@ -33,10 +33,75 @@ def reference(qkv, mask, heads, scaling):
 
 SHAPES = [  # batch, seq, heads, head_dim
     (1, 128, 12, 32),  # MiniLM
+    (2, 515, 2, 24),  # longer than BERT's 512, a head size half a value block wide
     (3, 37, 4, 64),  # odd length, BERT-base head size
     (2, 5, 2, 10),  # head size no vector width divides
     (2, 1, 3, 16),  # one token
 ]
+
+
+def random_qkv(shape):
+    """A seeded [B, S, 3·H·D] input and its key mask (row 1, when there is one, padded)."""
+    b, s, h, d = shape
+    g = torch.Generator().manual_seed(sum(shape))
+    qkv = torch.randn(b, s, 3 * h * d, generator=g) * 2
+    mask = torch.ones(b, s, dtype=torch.long)
+    if b > 1:
+        mask[1, s // 2 + 1 :] = 0
+    return qkv, mask
+
+
+def check_matches_float(attention, isa, shape, scalar=None):
+    """One path against the float64 reference over real tokens (a padded query's output is
+    never read) and, given the scalar path's output, against that: the paths compute the same
+    integer dot products and differ by float rounding only, which can move a 16-bit
+    probability by one step (1/32767) and the output by |v|/32767."""
+    qkv, mask = random_qkv(shape)
+    h, d = shape[2], shape[3]
+    out = attention(qkv, mask, h, d**-0.5, isa)
+    keep = mask.bool()
+    assert cosine(out[keep], reference(qkv, mask, h, d**-0.5)[keep]) >= 0.9995, isa
+    if scalar is not None:
+        step = qkv.abs().max().item() / 32767
+        torch.testing.assert_close(out, scalar, atol=2 * step, rtol=1e-4, msg=isa)
+    return out
+
+
+def check_flat_and_peaked(attention, isa):
+    """P·V runs on 16-bit probabilities: equal probabilities over many keys (each rounded the
+    same way) must still average V, and one dominant key must still return its value."""
+    b, s, h, d = 1, 515, 2, 16
+    qkv = torch.randn(b, s, 3 * h * d, generator=torch.Generator().manual_seed(3))
+    flat = qkv.clone()
+    flat[..., : h * d] = 0  # q = 0: every score 0, every probability 1/515
+    v = flat[..., 2 * h * d :]
+    out = attention(flat, None, h, d**-0.5, isa)
+    mean = v.mean(dim=1, keepdim=True).expand_as(out)
+    torch.testing.assert_close(out, mean, atol=1e-4 * v.abs().max().item(), rtol=0, msg=isa)
+    peaked = qkv.clone()
+    peaked[..., h * d : 2 * h * d] = 0
+    peaked[:, 7, h * d : 2 * h * d] = 1.0
+    peaked[..., : h * d] = 40.0  # q·k_7 = 40·16 = 640 · 0.25: key 7 takes all the weight
+    out = attention(peaked, None, h, d**-0.5, isa)
+    want = peaked[:, 7:8, 2 * h * d :].expand_as(out)
+    torch.testing.assert_close(out, want, atol=1e-4 * want.abs().max().item(), rtol=0, msg=isa)
+
+
+def check_masks(attention, isa):
+    """No mask, masked keys, and a row without any valid key (uniform over all, like a
+    softmax); padded keys are skipped, so changing them changes nothing."""
+    qkv = torch.randn(3, 9, 3 * 2 * 16, generator=torch.Generator().manual_seed(9))
+    mask = torch.tensor([[1] * 9, [1] * 4 + [0] * 5, [0] * 9])
+    out = attention(qkv, mask, 2, 0.25, isa)
+    ref = reference(qkv, mask, 2, 0.25)
+    assert cosine(out[:2, :4], ref[:2, :4]) >= 0.9995
+    assert cosine(out[2], ref[2]) >= 0.9995
+    full = attention(qkv, None, 2, 0.25, isa)
+    torch.testing.assert_close(full[0], out[0])
+    changed = qkv.clone()
+    changed[1, 4:] = 100.0
+    again = attention(changed, mask, 2, 0.25, isa)
+    torch.testing.assert_close(again[1, :4], out[1, :4])
 
 
 @pytest.fixture(scope="module")
@@ -46,23 +111,15 @@ def paths():
 
 @pytest.mark.parametrize("shape", SHAPES)
 def test_every_path_this_cpu_runs_matches_float(paths, shape):
-    b, s, h, d = shape
-    g = torch.Generator().manual_seed(sum(shape))
-    qkv = torch.randn(b, s, 3 * h * d, generator=g) * 2
-    mask = torch.ones(b, s, dtype=torch.long)
-    if b > 1:
-        mask[1, s // 2 + 1 :] = 0  # a padded row
-    ref = reference(qkv, mask, h, d**-0.5)
-    outs = {}
+    attention = torch.ops.squant.int8_attention
+    scalar = check_matches_float(attention, "scalar", shape)
     for isa in paths:
-        out = torch.ops.squant.int8_attention(qkv, mask, h, d**-0.5, isa)
-        # real tokens only: a padded query's output is never read
-        keep = mask.bool()
-        assert cosine(out[keep], ref[keep]) >= 0.9995, isa
-        outs[isa] = out
-    # the paths compute the same integer dot products: they differ by float rounding only
-    for isa, out in outs.items():
-        torch.testing.assert_close(out, outs["scalar"], atol=1e-4, rtol=1e-4, msg=isa)
+        check_matches_float(attention, isa, shape, scalar)
+
+
+def test_flat_and_peaked_attention_keep_the_values_scale(paths):
+    for isa in paths:
+        check_flat_and_peaked(torch.ops.squant.int8_attention, isa)
 
 
 def test_paths_this_cpu_lacks_are_refused_by_name(paths):
@@ -80,20 +137,8 @@ def test_paths_this_cpu_lacks_are_refused_by_name(paths):
 
 
 def test_no_mask_masked_keys_and_a_row_without_keys(paths):
-    qkv = torch.randn(3, 9, 3 * 2 * 16)
-    mask = torch.tensor([[1] * 9, [1] * 4 + [0] * 5, [0] * 9])
     for isa in paths:
-        out = torch.ops.squant.int8_attention(qkv, mask, 2, 0.25, isa)
-        ref = reference(qkv, mask, 2, 0.25)
-        assert cosine(out[:2, :4], ref[:2, :4]) >= 0.9995
-        assert cosine(out[2], ref[2]) >= 0.9995  # no valid key: uniform over all, like a softmax
-        full = torch.ops.squant.int8_attention(qkv, None, 2, 0.25, isa)
-        torch.testing.assert_close(full[0], out[0])
-        # padded keys are skipped: changing them changes nothing for row 1
-        changed = qkv.clone()
-        changed[1, 4:] = 100.0
-        again = torch.ops.squant.int8_attention(changed, mask, 2, 0.25, isa)
-        torch.testing.assert_close(again[1, :4], out[1, :4])
+        check_masks(torch.ops.squant.int8_attention, isa)
 
 
 def test_bf16_input_and_bad_arguments():

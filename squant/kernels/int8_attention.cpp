@@ -7,15 +7,19 @@
 //   - Q rows are quantized the same way, four rows at a time;
 //   - Q·Kᵀ runs in integers: exact s32 sums, then one float scale per (query, key) pair;
 //   - softmax in FP32 over the valid keys only (padded keys are skipped, not masked);
-//   - P·V in FP32 (as OpenVINO does: the probabilities are where INT8 costs accuracy);
+//   - P·V in 16-bit integers (see kProbSteps below): INT8 probabilities would cost accuracy,
+//     16-bit ones cost less than the Q·Kᵀ rounding does and do twice the multiply-adds of an
+//     FP32 FMA per instruction;
 //   - the output row is written where the attention-output GEMM reads it: [B, S, H·D].
 //
 // Paths, chosen at run time from what this CPU has (or forced by name, for tests):
 //   "avx512_vnni": vpdpbusd, u8 (query + 128) x s8 (key), minus 128·Σkey, 16 keys per vector;
+//                  P·V with vpdpwssd, 4 query rows x up to 64 value columns per tile;
 //   "avx2":        vpmaddwd on s16-widened values (exact, no vpmaddubsw saturation), 6 query
 //                  rows x 16 keys (or 16 value columns) per register tile;
 //   "scalar":      plain C++ (any CPU, and the reference the vector paths must agree with).
-// All three compute the same integer dot products; only exp() and summation order differ.
+// All three compute the same integer dot products (Q·Kᵀ and P·V); only exp() and float
+// summation order differ, so a 16-bit probability may differ by one step between paths.
 // The vector paths are compiled with per-function target attributes, so this file builds on
 // any x86-64 compiler and host, and a path only runs where cpuid says the CPU has it.
 
@@ -72,14 +76,73 @@ inline float quantize_row(const float* x, int64_t n, int8_t* out) {
   return scale;
 }
 
+// P·V in 16-bit integers, on every path:
+//   - the normalized probabilities p / Σp <= 1 as s16 with one fixed step, 1 / kProbSteps (an
+//     absolute error <= 1.5e-5 per probability, where u8 probabilities would be 2e-3), and the
+//     row's sums divided by Σ_j p_q, the quantized probabilities' own total: rounding n equal
+//     probabilities up would otherwise scale the output by up to 1 + n / (2 · kProbSteps);
+//   - V with one scale per column (|max| / kValueSteps) per (batch, head): 15-bit values;
+//   - exact s32 sums: Σ_j p_q <= kProbSteps + n / 2, so |Σ_j p_q · v_q| < 2^31 for any n
+//     under kMaxKeys, where also the largest probability (>= 1 / n) never rounds to 0.
+// Values are packed as key pairs for vpmaddwd / vpdpwssd, in blocks of 16 columns (one zmm,
+// two ymm) so a tile walks its block's memory in order: see value_index. The head dim is
+// padded with zero columns to dv (a multiple of 16), odd n by a zero key; the output is
+// Σ_j p_q · v_q times vscale[c] (the column's scale) / Σ_j p_q.
+constexpr float kProbSteps = 32767.f;
+constexpr float kValueSteps = 16383.f;
+constexpr int64_t kMaxKeys = 65000;
+constexpr int64_t kValueBlock = 16;
+
+inline int64_t padded_value_dim(int64_t d) { return (d + kValueBlock - 1) / kValueBlock * kValueBlock; }
+
+// Where key j's column c lives in the packed values of a head with `pairs` key pairs.
+inline int64_t value_index(int64_t pairs, int64_t j, int64_t c) {
+  return (c / kValueBlock) * pairs * 2 * kValueBlock + (j / 2) * 2 * kValueBlock +
+         (c % kValueBlock) * 2 + j % 2;
+}
+
+inline int16_t round_s16(float x, float limit) {
+  return static_cast<int16_t>(std::min<long>(long(limit), std::max<long>(-long(limit), std::lrint(x))));
+}
+
+// Column |max| -> inv (1 / scale, 0 on padded columns) and vscale (the scale); every path's.
+inline void value_scales(const std::vector<float>& amax, int64_t d, int64_t dv,
+                         std::vector<float>& inv, std::vector<float>& vscale) {
+  inv.assign(dv, 0.f);
+  vscale.assign(dv, 0.f);
+  for (int64_t c = 0; c < d; ++c) {
+    const float scale = amax[c] > 0.f ? amax[c] / kValueSteps : 1.f;
+    inv[c] = 1.f / scale;
+    vscale[c] = scale;
+  }
+}
+
+void quantize_values(const Head& h, std::vector<int16_t>& vq, std::vector<float>& vscale) {
+  const int64_t n = h.n_keys, d = h.dim, pairs = (n + 1) / 2, dv = padded_value_dim(d);
+  std::vector<float> amax(dv, 0.f), inv;
+  for (int64_t j = 0; j < n; ++j) {
+    const float* vr = h.v + h.keys[j] * h.stride;
+    for (int64_t c = 0; c < d; ++c) amax[c] = std::max(amax[c], std::fabs(vr[c]));
+  }
+  value_scales(amax, d, dv, inv, vscale);
+  vq.assign(pairs * 2 * dv, 0);
+  for (int64_t j = 0; j < n; ++j) {
+    const float* vr = h.v + h.keys[j] * h.stride;
+    for (int64_t c = 0; c < d; ++c) vq[value_index(pairs, j, c)] = round_s16(vr[c] * inv[c], kValueSteps);
+  }
+}
+
 // ------------------------------------------------------------------------------------------
 // scalar path
 
 void head_scalar(const Head& h) {
-  const int64_t n = h.n_keys, d = h.dim;
+  const int64_t n = h.n_keys, d = h.dim, pairs = (n + 1) / 2;
   std::vector<int8_t> kq(n * d), qq(d);
-  std::vector<float> ks(n), p(n), acc(d);
+  std::vector<float> ks(n), p(n), vscale;
+  std::vector<int16_t> vq, pq(2 * pairs, 0);
+  std::vector<int32_t> acc(d);
   for (int64_t j = 0; j < n; ++j) ks[j] = quantize_row(h.k + h.keys[j] * h.stride, d, &kq[j * d]);
+  quantize_values(h, vq, vscale);
   for (int64_t i = 0; i < h.seq; ++i) {
     const float qs = quantize_row(h.q + i * h.stride, d, qq.data()) * h.scaling;
     float m = -INFINITY;
@@ -91,13 +154,15 @@ void head_scalar(const Head& h) {
     }
     float sum = 0.f;
     for (int64_t j = 0; j < n; ++j) sum += (p[j] = std::exp(p[j] - m));
-    std::fill(acc.begin(), acc.end(), 0.f);
-    for (int64_t j = 0; j < n; ++j) {
-      const float* vr = h.v + h.keys[j] * h.stride;
-      for (int64_t c = 0; c < d; ++c) acc[c] += p[j] * vr[c];
-    }
+    const float k = kProbSteps / sum;
+    int32_t total = 0;
+    for (int64_t j = 0; j < n; ++j) total += (pq[j] = round_s16(p[j] * k, kProbSteps));
+    const float inv_total = 1.f / float(total);
+    std::fill(acc.begin(), acc.end(), 0);
+    for (int64_t j = 0; j < 2 * pairs; ++j)
+      for (int64_t c = 0; c < d; ++c) acc[c] += int32_t(pq[j]) * int32_t(vq[value_index(pairs, j, c)]);
     float* o = h.out + i * h.out_stride;
-    for (int64_t c = 0; c < d; ++c) o[c] = acc[c] / sum;
+    for (int64_t c = 0; c < d; ++c) o[c] = float(acc[c]) * vscale[c] * inv_total;
   }
 }
 
@@ -140,16 +205,11 @@ SQ_AVX2 inline float hmax256(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// In place: p[0, n) <- exp(p - max) (padded tail untouched); returns the sum.
-SQ_AVX2 float softmax_unnormalized_avx2(float* p, int64_t n) {
-  __m256 vm = _mm256_set1_ps(-INFINITY);
-  int64_t j = 0;
-  for (; j + 8 <= n; j += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(p + j));
-  float m = hmax256(vm);
-  for (; j < n; ++j) m = std::max(m, p[j]);
+// In place: p[0, n) <- exp(p - m), m = max p[0, n) (padded tail untouched); returns the sum.
+SQ_AVX2 float softmax_unnormalized_avx2(float* p, int64_t n, float m) {
   const __m256 bm = _mm256_set1_ps(m);
   __m256 vs = _mm256_setzero_ps();
-  j = 0;
+  int64_t j = 0;
   for (; j + 8 <= n; j += 8) {
     const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(p + j), bm));
     _mm256_storeu_ps(p + j, e);
@@ -188,37 +248,160 @@ SQ_AVX2 float quantize_row_avx2(const float* x, int64_t n, int8_t* out) {
 // per value load, P·V took ~60% of the kernel and ran at a third of the FMA peak).
 constexpr int kRowsAvx2 = 6;
 
-// o[r][c0, c0 + 8W) = inv[r] · Σ_j p[r][j] · V[j][c0, c0 + 8W), for the tile's 6 rows.
-template <int W>
-SQ_AVX2 void weighted_sum_tile_avx2(const float* const* p, const float* vbuf, int64_t n,
-                                    int64_t d, int64_t c0, const float* inv, float* const* o) {
-  __m256 acc[kRowsAvx2][W];
-  for (int r = 0; r < kRowsAvx2; ++r)
-    for (int w = 0; w < W; ++w) acc[r][w] = _mm256_setzero_ps();
+// quantize_values with AVX2: 8 columns per step, two keys' columns interleaved as s16 pairs.
+SQ_AVX2 void quantize_values_avx2(const Head& h, std::vector<int16_t>& vq,
+                                  std::vector<float>& vscale) {
+  const int64_t n = h.n_keys, d = h.dim, pairs = (n + 1) / 2, d8 = d / 8 * 8;
+  const int64_t dv = padded_value_dim(d);
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  std::vector<float> amax(dv, 0.f), inv;
   for (int64_t j = 0; j < n; ++j) {
-    const float* vr = vbuf + j * d + c0;
-    __m256 v[W];
-    for (int w = 0; w < W; ++w) v[w] = _mm256_loadu_ps(vr + 8 * w);
-    for (int r = 0; r < kRowsAvx2; ++r) {
-      const __m256 x = _mm256_broadcast_ss(p[r] + j);
-      for (int w = 0; w < W; ++w) acc[r][w] = _mm256_fmadd_ps(x, v[w], acc[r][w]);
+    const float* vr = h.v + h.keys[j] * h.stride;
+    for (int64_t c = 0; c < d8; c += 8)
+      _mm256_storeu_ps(&amax[c], _mm256_max_ps(_mm256_loadu_ps(&amax[c]),
+                                               _mm256_andnot_ps(sign, _mm256_loadu_ps(vr + c))));
+    for (int64_t c = d8; c < d; ++c) amax[c] = std::max(amax[c], std::fabs(vr[c]));
+  }
+  value_scales(amax, d, dv, inv, vscale);
+  vq.assign(pairs * 2 * dv, 0);
+  const __m256i lo = _mm256_set1_epi32(-int(kValueSteps)), hi = _mm256_set1_epi32(int(kValueSteps));
+  const __m256i low16 = _mm256_set1_epi32(0xffff);
+  for (int64_t jp = 0; jp < pairs; ++jp) {
+    const float* a = h.v + h.keys[2 * jp] * h.stride;
+    const float* b = 2 * jp + 1 < n ? h.v + h.keys[2 * jp + 1] * h.stride : nullptr;
+    for (int64_t c = 0; c < d8; c += 8) {
+      const __m256 s = _mm256_loadu_ps(&inv[c]);
+      const __m256i qa = _mm256_min_epi32(
+          _mm256_max_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(a + c), s)), lo), hi);
+      const __m256i qb = b == nullptr ? _mm256_setzero_si256() : _mm256_min_epi32(
+          _mm256_max_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(b + c), s)), lo), hi);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(&vq[value_index(pairs, 2 * jp, c)]),
+                          _mm256_or_si256(_mm256_and_si256(qa, low16), _mm256_slli_epi32(qb, 16)));
+    }
+    for (int64_t c = d8; c < d; ++c) {
+      vq[value_index(pairs, 2 * jp, c)] = round_s16(a[c] * inv[c], kValueSteps);
+      if (b != nullptr) vq[value_index(pairs, 2 * jp + 1, c)] = round_s16(b[c] * inv[c], kValueSteps);
     }
   }
-  for (int r = 0; r < kRowsAvx2; ++r) {
-    const __m256 s = _mm256_set1_ps(inv[r]);
-    for (int w = 0; w < W; ++w) _mm256_storeu_ps(o[r] + c0 + 8 * w, _mm256_mul_ps(acc[r][w], s));
+}
+
+// out[0, n) <- round(p · k) as s16 (p · k <= kProbSteps); out[n] <- 0 when n is odd.
+// Returns Σ out.
+SQ_AVX2 int32_t probs_to_s16_avx2(const float* p, int64_t n, float k, int16_t* out) {
+  const __m256 vk = _mm256_set1_ps(k);
+  __m256i vt = _mm256_setzero_si256();
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(p + j), vk));
+    vt = _mm256_add_epi32(vt, q);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + j),
+                     _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)));
+  }
+  alignas(32) int32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), vt);
+  int32_t total = 0;
+  for (int t = 0; t < 8; ++t) total += lanes[t];
+  for (; j < n; ++j) total += (out[j] = round_s16(p[j] * k, kProbSteps));
+  if (n % 2) out[n] = 0;
+  return total;
+}
+
+// The Q·Kᵀ register tile: 6 query rows x one block of 16 keys, 12 s32 accumulators;
+// s[2r + half] = Σ_c qp[c][r] · keys (half · 8, half · 8 + 8) over the pairs of dims c (2 key
+// loads, 6 broadcasts, 12 vpmaddwd each). Named accumulators and out of line: with an array,
+// or inlined where the caller keeps other vectors live, GCC kept an accumulator in memory, a
+// store/load chain that halved the loop's speed.
+static_assert(kRowsAvx2 == 6, "dot_tile_avx2 is written for 6 rows");
+SQ_AVX2 __attribute__((noinline)) void dot_tile_avx2(const int32_t* qp, int64_t pairs,
+                                                    const int16_t* kb, __m256i* s) {
+  __m256i a0 = _mm256_setzero_si256(), a1 = a0, b0 = a0, b1 = a0, c0 = a0, c1 = a0;
+  __m256i d0 = a0, d1 = a0, e0 = a0, e1 = a0, f0 = a0, f1 = a0;
+  for (int64_t c = 0; c < pairs; ++c) {
+    const __m256i k0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kb + c * 32));
+    const __m256i k1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kb + c * 32 + 16));
+    const int32_t* q = qp + c * kRowsAvx2;
+#define SQ_ROW(x0, x1, r)                                          \
+  {                                                                \
+    const __m256i qv = _mm256_set1_epi32(q[r]);                    \
+    x0 = _mm256_add_epi32(x0, _mm256_madd_epi16(qv, k0));          \
+    x1 = _mm256_add_epi32(x1, _mm256_madd_epi16(qv, k1));          \
+  }
+    SQ_ROW(a0, a1, 0) SQ_ROW(b0, b1, 1) SQ_ROW(c0, c1, 2)
+    SQ_ROW(d0, d1, 3) SQ_ROW(e0, e1, 4) SQ_ROW(f0, f1, 5)
+#undef SQ_ROW
+  }
+  s[0] = a0, s[1] = a1, s[2] = b0, s[3] = b1, s[4] = c0, s[5] = c1;
+  s[6] = d0, s[7] = d1, s[8] = e0, s[9] = e1, s[10] = f0, s[11] = f1;
+}
+
+inline int32_t load_pair(const int16_t* x) {
+  int32_t v;
+  std::memcpy(&v, x, sizeof(v));
+  return v;
+}
+
+// The P·V register tile: 6 query rows x one block of 16 value columns, 12 s32 accumulators;
+// s[2r + half] = Σ_jp pq[r] pair jp · vb pair jp (half · 8, half · 8 + 8) (2 value loads, 6
+// broadcasts, 12 vpmaddwd per pair of keys). Written like dot_tile_avx2, for the same reason.
+SQ_AVX2 __attribute__((noinline)) void weighted_sum_tile_avx2(const int16_t* const* pq,
+                                                             const int16_t* vb, int64_t pairs,
+                                                             __m256i* s) {
+  __m256i a0 = _mm256_setzero_si256(), a1 = a0, b0 = a0, b1 = a0, c0 = a0, c1 = a0;
+  __m256i d0 = a0, d1 = a0, e0 = a0, e1 = a0, f0 = a0, f1 = a0;
+  const int16_t *p0 = pq[0], *p1 = pq[1], *p2 = pq[2], *p3 = pq[3], *p4 = pq[4], *p5 = pq[5];
+  for (int64_t jp = 0; jp < pairs; ++jp) {
+    const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(vb + jp * 32));
+    const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(vb + jp * 32 + 16));
+#define SQ_ROW(x0, x1, pr)                                         \
+  {                                                                \
+    const __m256i x = _mm256_set1_epi32(load_pair(pr + 2 * jp));   \
+    x0 = _mm256_add_epi32(x0, _mm256_madd_epi16(x, v0));           \
+    x1 = _mm256_add_epi32(x1, _mm256_madd_epi16(x, v1));           \
+  }
+    SQ_ROW(a0, a1, p0) SQ_ROW(b0, b1, p1) SQ_ROW(c0, c1, p2)
+    SQ_ROW(d0, d1, p3) SQ_ROW(e0, e1, p4) SQ_ROW(f0, f1, p5)
+#undef SQ_ROW
+  }
+  s[0] = a0, s[1] = a1, s[2] = b0, s[3] = b1, s[4] = c0, s[5] = c1;
+  s[6] = d0, s[7] = d1, s[8] = e0, s[9] = e1, s[10] = f0, s[11] = f1;
+}
+
+// o[r][c0, c0 + 16) = the P·V tile's sums · vscale · inv_total[r] (1 / Σ p_q of row r);
+// columns at or past d are not written.
+SQ_AVX2 void store_weighted_sums_avx2(const __m256i* sums, int64_t d, int64_t c0,
+                                      const float* vscale, const float* inv_total,
+                                      float* const* o) {
+  for (int w = 0; w < 2; ++w) {
+    const int64_t c = c0 + 8 * w, valid = std::min<int64_t>(8, d - c);
+    if (valid <= 0) break;
+    const __m256 s = _mm256_loadu_ps(vscale + c);
+    for (int r = 0; r < kRowsAvx2; ++r) {
+      const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(sums[2 * r + w]),
+                                     _mm256_mul_ps(s, _mm256_set1_ps(inv_total[r])));
+      if (valid == 8) {
+        _mm256_storeu_ps(o[r] + c, f);
+      } else {
+        float tmp[8];
+        _mm256_storeu_ps(tmp, f);
+        std::memcpy(o[r] + c, tmp, valid * sizeof(float));
+      }
+    }
   }
 }
 
 // Keys packed for vpmaddwd: [block of 16 keys][pair of dims][key][2] as s16 (dims padded to
-// even); 6 query rows x 16 keys per step: 2 key loads, 6 broadcasts, 12 vpmaddwd.
+// even); queries as s16 pairs; the tiles are dot_tile_avx2 (Q·Kᵀ) and weighted_sum_tile_avx2
+// (P·V).
 SQ_AVX2 void head_avx2(const Head& h) {
   constexpr int64_t kKeys = 16;
   constexpr int R = kRowsAvx2;
   const int64_t n = h.n_keys, d = h.dim, dp = (d + 1) / 2 * 2, pairs = dp / 2;
   const int64_t blocks = (n + kKeys - 1) / kKeys, width = blocks * kKeys;
   std::vector<int16_t> kp(blocks * pairs * 2 * kKeys, 0);
-  std::vector<float> ks(width, 0.f), vbuf(n * d), p(R * width);
+  const int64_t vpairs = (n + 1) / 2;
+  std::vector<float> ks(width, 0.f), p(R * width), vscale;
+  std::vector<int16_t> vq, pq(R * 2 * vpairs);
+  quantize_values_avx2(h, vq, vscale);
   std::vector<int8_t> row(dp, 0);
   for (int64_t j = 0; j < n; ++j) {
     const float* kr = h.k + h.keys[j] * h.stride;
@@ -228,10 +411,10 @@ SQ_AVX2 void head_avx2(const Head& h) {
       dst[c * 2 * kKeys] = row[2 * c];
       dst[c * 2 * kKeys + 1] = row[2 * c + 1];
     }
-    std::memcpy(&vbuf[j * d], h.v + h.keys[j] * h.stride, d * sizeof(float));
   }
-  // Query rows as s16 pairs, one int32 per pair (the broadcast operand of vpmaddwd).
-  std::vector<int32_t> qp(R * pairs);
+  // Query rows as s16 pairs, one int32 per pair (the broadcast operand of vpmaddwd), stored
+  // [pair][row] so the tile broadcasts its 6 rows from one place.
+  std::vector<int32_t> qp(pairs * R);
   std::vector<int8_t> qrow(dp, 0);
   float qs[R];
   for (int64_t i0 = 0; i0 < h.seq; i0 += R) {
@@ -242,57 +425,54 @@ SQ_AVX2 void head_avx2(const Head& h) {
       for (int64_t c = 0; c < pairs; ++c) {
         const uint16_t lo = uint16_t(int16_t(qrow[2 * c]));
         const uint16_t hi = uint16_t(int16_t(qrow[2 * c + 1]));
-        qp[r * pairs + c] = int32_t(uint32_t(lo) | (uint32_t(hi) << 16));
+        qp[c * R + r] = int32_t(uint32_t(lo) | (uint32_t(hi) << 16));
       }
     }
     for (int64_t r = rows; r < R; ++r) {
       qs[r] = qs[rows - 1];
-      std::memcpy(&qp[r * pairs], &qp[(rows - 1) * pairs], pairs * sizeof(int32_t));
+      for (int64_t c = 0; c < pairs; ++c) qp[c * R + r] = qp[c * R + rows - 1];
     }
+    // Scores, and each row's max over its n keys (the padded tail of the last block is -inf).
+    __m256 vmax[R];
+    for (int r = 0; r < R; ++r) vmax[r] = _mm256_set1_ps(-INFINITY);
     for (int64_t b = 0; b < blocks; ++b) {
-      const int16_t* kb = &kp[b * pairs * 2 * kKeys];
-      __m256i s[R][2];
-      for (int r = 0; r < R; ++r) s[r][0] = s[r][1] = _mm256_setzero_si256();
-      for (int64_t c = 0; c < pairs; ++c) {
-        const __m256i k0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kb + c * 32));
-        const __m256i k1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kb + c * 32 + 16));
-        for (int r = 0; r < R; ++r) {
-          const __m256i qv = _mm256_set1_epi32(qp[r * pairs + c]);
-          s[r][0] = _mm256_add_epi32(s[r][0], _mm256_madd_epi16(qv, k0));
-          s[r][1] = _mm256_add_epi32(s[r][1], _mm256_madd_epi16(qv, k1));
-        }
-      }
+      __m256i sums[2 * R];
+      dot_tile_avx2(qp.data(), pairs, &kp[b * pairs * 2 * kKeys], sums);
       for (int half = 0; half < 2; ++half) {
-        const __m256 kscale = _mm256_loadu_ps(&ks[b * kKeys + 8 * half]);
+        const int64_t j0 = b * kKeys + 8 * half;
+        const __m256 kscale = _mm256_loadu_ps(&ks[j0]);
+        const __m256 valid = _mm256_castsi256_ps(
+            _mm256_cmpgt_epi32(_mm256_set1_epi32(int(std::min<int64_t>(n - j0, 8))),
+                               _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
         for (int r = 0; r < R; ++r) {
-          const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(s[r][half]),
-                                         _mm256_mul_ps(kscale, _mm256_set1_ps(qs[r])));
-          _mm256_storeu_ps(&p[r * width + b * kKeys + 8 * half], f);
+          __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(sums[2 * r + half]),
+                                   _mm256_mul_ps(kscale, _mm256_set1_ps(qs[r])));
+          f = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), f, valid);
+          vmax[r] = _mm256_max_ps(vmax[r], f);
+          _mm256_storeu_ps(&p[r * width + j0], f);
         }
       }
     }
-    float inv[R];
-    const float* pr[R];
+    const int16_t* pr[R];
     float* o[R];
+    float inv_total[R];
     for (int64_t r = 0; r < R; ++r) {
       const int64_t rr = std::min(r, rows - 1);
-      if (r == rr) inv[r] = 1.f / softmax_unnormalized_avx2(&p[r * width], n);
-      else inv[r] = inv[rr];
-      pr[r] = &p[rr * width];
+      if (r == rr) {
+        const float sum = softmax_unnormalized_avx2(&p[r * width], n, hmax256(vmax[r]));
+        const int32_t total =
+            probs_to_s16_avx2(&p[r * width], n, kProbSteps / sum, &pq[r * 2 * vpairs]);
+        inv_total[r] = 1.f / float(total);
+      } else {
+        inv_total[r] = inv_total[rr];
+      }
+      pr[r] = &pq[rr * 2 * vpairs];
       o[r] = h.out + (i0 + rr) * h.out_stride;
     }
-    int64_t c = 0;
-    for (; c + 16 <= d; c += 16) weighted_sum_tile_avx2<2>(pr, vbuf.data(), n, d, c, inv, o);
-    if (c + 8 <= d) {
-      weighted_sum_tile_avx2<1>(pr, vbuf.data(), n, d, c, inv, o);
-      c += 8;
-    }
-    for (; c < d; ++c) {  // head dims that are not a multiple of 8
-      for (int64_t r = 0; r < rows; ++r) {
-        float a = 0.f;
-        for (int64_t j = 0; j < n; ++j) a += pr[r][j] * vbuf[j * d + c];
-        o[r][c] = a * inv[r];
-      }
+    for (int64_t c = 0; c < d; c += kValueBlock) {
+      __m256i sums[2 * R];
+      weighted_sum_tile_avx2(pr, &vq[value_index(vpairs, 0, c)], vpairs, sums);
+      store_weighted_sums_avx2(sums, d, c, vscale.data(), inv_total, o);
     }
   }
 }
@@ -360,24 +540,50 @@ SQ_VNNI float softmax_unnormalized_vnni(float* p, int64_t n) {
   return sum;
 }
 
-SQ_VNNI void weighted_sum_vnni(const float* p, const float* vbuf, int64_t n, int64_t d,
-                               float inv_sum, float* out) {
-  for (int64_t c0 = 0; c0 < d; c0 += 64) {
-    const int64_t w = std::min<int64_t>(64, d - c0) / 16;
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (int64_t j = 0; j < n; ++j) {
-      const __m512 pj = _mm512_set1_ps(p[j]);
-      const float* vr = vbuf + j * d + c0;
-      a0 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vr), a0);
-      if (w > 1) a1 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vr + 16), a1);
-      if (w > 2) a2 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vr + 32), a2);
-      if (w > 3) a3 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vr + 48), a3);
+// probs_to_s16_avx2 with AVX512: 16 probabilities per step. Returns Σ out.
+SQ_VNNI int32_t probs_to_s16_vnni(const float* p, int64_t n, float k, int16_t* out) {
+  const __m512 vk = _mm512_set1_ps(k);
+  __m512i vt = _mm512_setzero_si512();
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(p + j), vk));
+    vt = _mm512_add_epi32(vt, q);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j), _mm512_cvtsepi32_epi16(q));
+  }
+  int32_t total = _mm512_reduce_add_epi32(vt);
+  for (; j < n; ++j) total += (out[j] = round_s16(p[j] * k, kProbSteps));
+  if (n % 2) out[n] = 0;
+  return total;
+}
+
+// The P·V tile: kRows query rows x W blocks of 16 value columns from c0, one vpdpwssd per
+// (row, block, pair of keys); o[r][c] = sums · vscale[c] · inv_total[r], columns past d not
+// written.
+template <int W>
+SQ_VNNI void weighted_sum_tile_vnni(const int16_t* const* pq, const int16_t* vq, int64_t pairs,
+                                    int64_t d, int64_t c0, const float* vscale, const float* inv_total,
+                                    float* const* o) {
+  __m512i acc[kRows][W];
+  const int16_t* vb[W];
+  for (int w = 0; w < W; ++w) vb[w] = vq + value_index(pairs, 0, c0 + kValueBlock * w);
+  for (int r = 0; r < kRows; ++r)
+    for (int w = 0; w < W; ++w) acc[r][w] = _mm512_setzero_si512();
+  for (int64_t jp = 0; jp < pairs; ++jp) {
+    __m512i v[W];
+    for (int w = 0; w < W; ++w) v[w] = _mm512_loadu_si512(vb[w] + jp * 2 * kValueBlock);
+    for (int r = 0; r < kRows; ++r) {
+      const __m512i x = _mm512_set1_epi32(load_pair(pq[r] + 2 * jp));
+      for (int w = 0; w < W; ++w) acc[r][w] = _mm512_dpwssd_epi32(acc[r][w], x, v[w]);
     }
-    const __m512 s = _mm512_set1_ps(inv_sum);
-    _mm512_storeu_ps(out + c0, _mm512_mul_ps(a0, s));
-    if (w > 1) _mm512_storeu_ps(out + c0 + 16, _mm512_mul_ps(a1, s));
-    if (w > 2) _mm512_storeu_ps(out + c0 + 32, _mm512_mul_ps(a2, s));
-    if (w > 3) _mm512_storeu_ps(out + c0 + 48, _mm512_mul_ps(a3, s));
+  }
+  for (int w = 0; w < W; ++w) {
+    const int64_t c = c0 + kValueBlock * w, valid = std::min<int64_t>(kValueBlock, d - c);
+    if (valid <= 0) break;
+    const __m512 s = _mm512_loadu_ps(vscale + c);
+    const __mmask16 mask = valid == kValueBlock ? __mmask16(0xffff) : __mmask16((1u << valid) - 1);
+    for (int r = 0; r < kRows; ++r)
+      _mm512_mask_storeu_ps(o[r] + c, mask, _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r][w]),
+                                                          _mm512_mul_ps(s, _mm512_set1_ps(inv_total[r]))));
   }
 }
 
@@ -387,7 +593,10 @@ SQ_VNNI void head_vnni(const Head& h) {
   const int64_t blocks = (n + 15) / 16;
   std::vector<int8_t> kp(blocks * quads * 64, 0), row(dp, 0);
   std::vector<int32_t> kcomp(blocks * 16, 0);  // 128 · Σ key, removed from the u8 · s8 sums
-  std::vector<float> ks(blocks * 16, 0.f), vbuf(n * d), p(kRows * blocks * 16);
+  const int64_t vpairs = (n + 1) / 2;
+  std::vector<float> ks(blocks * 16, 0.f), p(kRows * blocks * 16), vscale;
+  std::vector<int16_t> vq, pq(kRows * 2 * vpairs);
+  quantize_values_avx2(h, vq, vscale);  // AVX2 is enough: once per head, not per query
   for (int64_t j = 0; j < n; ++j) {
     ks[j] = quantize_row_vnni(h.k + h.keys[j] * h.stride, d, row.data());
     int8_t* dst = &kp[(j / 16) * quads * 64 + (j % 16) * 4];
@@ -397,7 +606,6 @@ SQ_VNNI void head_vnni(const Head& h) {
       sum += row[c];
     }
     kcomp[j] = 128 * sum;
-    std::memcpy(&vbuf[j * d], h.v + h.keys[j] * h.stride, d * sizeof(float));
   }
   std::vector<int32_t> qp(kRows * quads);
   std::vector<int8_t> qrow(dp, 0);
@@ -432,18 +640,27 @@ SQ_VNNI void head_vnni(const Head& h) {
         _mm512_storeu_ps(&p[r * blocks * 16 + b * 16], f);
       }
     }
-    for (int64_t r = 0; r < rows; ++r) {
-      float* pr = &p[r * blocks * 16];
-      const float sum = softmax_unnormalized_vnni(pr, n);
-      float* o = h.out + (i0 + r) * h.out_stride;
-      if (d % 16 == 0) {
-        weighted_sum_vnni(pr, vbuf.data(), n, d, 1.f / sum, o);
+    const int16_t* pr[kRows];
+    float* o[kRows];
+    float inv_total[kRows];
+    for (int64_t r = 0; r < kRows; ++r) {
+      const int64_t rr = std::min(r, rows - 1);
+      if (r == rr) {
+        float* pf = &p[r * blocks * 16];
+        const float sum = softmax_unnormalized_vnni(pf, n);
+        inv_total[r] = 1.f / float(probs_to_s16_vnni(pf, n, kProbSteps / sum, &pq[r * 2 * vpairs]));
       } else {
-        for (int64_t c = 0; c < d; ++c) {
-          float a = 0.f;
-          for (int64_t j = 0; j < n; ++j) a += pr[j] * vbuf[j * d + c];
-          o[c] = a / sum;
-        }
+        inv_total[r] = inv_total[rr];
+      }
+      pr[r] = &pq[rr * 2 * vpairs];
+      o[r] = h.out + (i0 + rr) * h.out_stride;
+    }
+    for (int64_t c = 0; c < d; c += 4 * kValueBlock) {
+      switch (std::min<int64_t>(4, (d - c + kValueBlock - 1) / kValueBlock)) {
+        case 4: weighted_sum_tile_vnni<4>(pr, vq.data(), vpairs, d, c, vscale.data(), inv_total, o); break;
+        case 3: weighted_sum_tile_vnni<3>(pr, vq.data(), vpairs, d, c, vscale.data(), inv_total, o); break;
+        case 2: weighted_sum_tile_vnni<2>(pr, vq.data(), vpairs, d, c, vscale.data(), inv_total, o); break;
+        default: weighted_sum_tile_vnni<1>(pr, vq.data(), vpairs, d, c, vscale.data(), inv_total, o);
       }
     }
   }
@@ -486,6 +703,8 @@ at::Tensor int8_attention(const at::Tensor& qkv, const std::optional<at::Tensor>
   if (x.stride(2) != 1) x = x.contiguous();
   const int64_t batch = x.size(0), seq = x.size(1), width = x.size(2) / 3;
   const int64_t dim = width / num_heads;
+  TORCH_CHECK(seq < kMaxKeys, "squant int8 attention: at most ", kMaxKeys - 1,
+              " tokens (its 16-bit P·V sums would overflow), got ", seq);
   at::Tensor mask;
   if (key_mask.has_value()) {
     TORCH_CHECK(key_mask->dim() == 2 && key_mask->size(0) == batch && key_mask->size(1) == seq,
