@@ -64,3 +64,31 @@ def test_the_results_index_is_current():
     assert index.INDEX.read_text(encoding="utf-8") == index.render(), (
         "benchmarks/results/INDEX.md is stale: run python benchmarks/results_index.py"
     )
+
+
+def _reference_pages():
+    import importlib.util
+
+    path = ROOT / "tools" / "reference_pages.py"
+    spec = importlib.util.spec_from_file_location("reference_pages", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_api_and_cli_reference_pages_are_current():
+    stale = [
+        str(path.relative_to(ROOT))
+        for path, text in _reference_pages().pages().items()
+        if not path.exists() or path.read_text(encoding="utf-8") != text
+    ]
+    assert not stale, f"stale: {stale} (run python tools/reference_pages.py)"
+
+
+def test_the_api_reference_documents_every_public_name():
+    import squant
+
+    documented = {name for _, names in _reference_pages().API_SECTIONS for name in names}
+    missing = [name for name in squant.__all__ if f"squant.{name}" not in documented]
+    assert not missing, f"squant.__all__ names missing from docs/api.md: {missing}"

@@ -158,8 +158,9 @@ def squant_attention(
 
 # ---------------------------------------------------------------------------------------------
 # "squant_int8" attention: squant's C++ kernel (kernels/int8_attention.cpp), Q·Kᵀ in int8 with
-# a scale per query and key row, softmax over the valid keys only, P·V in FP32. It reads the
-# fused Q|K|V output directly (FusedSelfAttention) and takes the 2D key-padding mask as is.
+# a scale per query and key row, softmax over the valid keys only, P·V in 16-bit integers.
+# It reads the fused Q|K|V output directly (FusedSelfAttention) and takes the 2D key-padding
+# mask as is.
 SQUANT_INT8_ATTENTION = "squant_int8"
 
 

@@ -69,8 +69,8 @@ class SmoothQuantConfig:
     alpha_max: the largest alpha the "auto" search may pick. Above 0.5 the search fitted the
         calibration set's channel profile and lost worst-case accuracy on inputs unlike it.
     attention: "int8" runs squant's C++ kernel: Q·Kᵀ in int8 with a scale per query and key row,
-        computed at run time, softmax and P·V in FP32, padded keys skipped (see
-        kernels/int8_attention.cpp); built once on first use, it needs a C++ compiler.
+        computed at run time, softmax in FP32, P·V in 16-bit integers, padded keys skipped
+        (see kernels/int8_attention.cpp); built once on first use, it needs a C++ compiler.
         "float" keeps the attention (Q·Kᵀ, softmax, P·V) in floating point. "auto" (default):
         int8 where the kernel builds, float with a warning where it cannot; quantize records
         which one ran, so a saved model states it.

@@ -10,8 +10,8 @@ Per encoder layer (post-LayerNorm), with s from smoothing_factors():
   ffn_in   input = LayerNorm output: x/s at run time.
   ffn_out  input = GELU output: x/s at run time.
 The attention's Q·Kᵀ runs in int8 in squant's kernel (SmoothQuantConfig.attention), with
-softmax and P·V in FP32. Left in floating point: embeddings, LayerNorms, the pooler and task
-heads (one row per sequence: int8 saves nothing there and costs accuracy).
+softmax in FP32 and P·V in 16-bit integers. Left in floating point: embeddings, LayerNorms,
+the pooler and task heads (one row per sequence: int8 saves nothing there and costs accuracy).
 """
 
 from __future__ import annotations
