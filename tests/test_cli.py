@@ -6,6 +6,7 @@ import torch
 import squant
 from squant.checkpoint.models import load_model, load_tokenizer
 from squant.cli import main
+from squant.errors import SquantError
 
 
 def test_quantize_command_writes_a_loadable_model(tiny_checkpoint, calib_jsonl, tmp_path, capsys):
@@ -490,3 +491,24 @@ def test_embed_flags_are_serveconfigs_fields_with_bulk_embeddings_batch_default(
     }
     args = parser.parse_args(["embed", "model", "in.txt", "--out", "o", "--max-batch-tokens", "9"])
     assert dataclass_values(ServeConfig, args, EMBED_FLAGS)["max_batch_tokens"] == 9
+
+
+def test_serve_ray_flags_are_rayconfigs_fields():
+    """--replicas, --cores-per-replica, --max-queued-requests come from RayConfig: none given
+    is RayConfig(); given ones land in its fields; a zero is refused at parse time."""
+    from squant.cli import build_parser
+    from squant.commands.common import dataclass_from_args
+    from squant.serve.ray_app import RayConfig
+
+    parser = build_parser()
+    args = parser.parse_args(["serve", "model", "--ray"])
+    assert dataclass_from_args(RayConfig, args) == RayConfig()
+    given = ["--replicas", "3", "--cores-per-replica", "2", "--max-queued-requests", "9"]
+    args = parser.parse_args(["serve", "model", "--ray", *given])
+    layout = dataclass_from_args(RayConfig, args)
+    assert layout == RayConfig(replicas=3, cores_per_replica=2, max_queued_requests=9)
+    assert layout.cores() == 2
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "model", "--ray", "--replicas", "0"])
+    with pytest.raises(SquantError, match="replicas must be at least 1"):
+        RayConfig(replicas=0)

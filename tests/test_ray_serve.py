@@ -13,7 +13,7 @@ import httpx
 import ray
 
 from squant.serve.engine import ServeConfig
-from squant.serve.ray_app import application, replica_cores
+from squant.serve.ray_app import RayConfig, application, replica_cores
 
 
 def test_replica_cores_split_the_node():
@@ -35,7 +35,7 @@ def test_two_replicas_answer_and_agree(base_dir):
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         config = ServeConfig(instances=1, cores_per_instance=1, runtime="eager")
-        serve.run(application(base_dir, config, replicas=2, cores_per_replica=1))
+        serve.run(application(base_dir, config, RayConfig(replicas=2, cores_per_replica=1)))
         url = f"http://127.0.0.1:{port}"
         deadline = time.time() + 120
         while httpx.get(f"{url}/ready", timeout=5).status_code != 200:

@@ -55,6 +55,8 @@ API_SECTIONS: list[tuple[str, list[str]]] = [
             "squant.serve.engine.ServeConfig",
             "squant.serve.loading.engine_for",
             "squant.serve.server.serve_http",
+            "squant.serve.ray_app.RayConfig",
+            "squant.serve.ray_app.application",
         ],
     ),
     ("Bulk embedding", [f"squant.embed.{name}" for name in ("embed_file", "embed_texts")]),

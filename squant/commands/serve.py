@@ -9,10 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import SquantError
 from ..serve.engine import ServeConfig
+from ..serve.ray_app import RayConfig
 from .common import (
     ENGINE_FLAG_TYPES,
     add_dataclass_arguments,
     add_runtime_argument,
+    dataclass_from_args,
     dataclass_values,
     port_number,
     positive_float,
@@ -42,6 +44,8 @@ SERVE_FLAGS = (
     "watch_ranges",
 )
 DEFAULTS = ServeConfig()
+# RayConfig's fields are all counts: --replicas, --cores-per-replica, --max-queued-requests
+RAY_FLAG_TYPES = {name: positive_int for name in RayConfig.__dataclass_fields__}
 
 HELP = "serve a model over HTTP (TEI/OpenAI-compatible routes, dynamic batching)"
 
@@ -107,20 +111,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="serve as a Ray Serve application (extra squant[ray]): --replicas servers, each "
         "pinned to its own cores of its node",
     )
-    p.add_argument("--replicas", type=positive_int, default=1, help="with --ray")
-    p.add_argument(
-        "--cores-per-replica",
-        type=positive_int,
-        default=None,
-        help="with --ray; default: this machine's cores / replicas",
-    )
+    add_dataclass_arguments(p, RayConfig, RAY_FLAG_TYPES)
     p.add_argument("--ray-address", default=None, help="an existing cluster (default: local)")
-    p.add_argument(
-        "--max-queued-requests",
-        type=positive_int,
-        default=1024,
-        help="with --ray: requests Ray's proxy queues before answering 503",
-    )
     p.add_argument(
         "--calib",
         default=None,
@@ -205,23 +197,12 @@ def run(args: argparse.Namespace) -> None:
 
 
 def _run_ray(args: argparse.Namespace, http: HttpConfig) -> None:
-    import os
-
     from ..serve.ray_app import application
 
     if not Path(args.model).is_dir():
         raise SquantError(f"{args.model} is not a directory")
-    cores = args.cores_per_replica or max(1, (os.cpu_count() or 1) // args.replicas)
-    app = application(
-        args.model,
-        serve_config(args),
-        args.replicas,
-        cores,
-        args.pooling_from,
-        args.calib,
-        args.max_queued_requests,
-        http,
-    )
+    layout = dataclass_from_args(RayConfig, args)
+    app = application(args.model, serve_config(args), layout, args.pooling_from, args.calib, http)
     import signal
 
     import ray
@@ -238,7 +219,8 @@ def _run_ray(args: argparse.Namespace, http: HttpConfig) -> None:
     try:
         serve.start(http_options={"host": args.host, "port": args.port})
         print(
-            f"{args.replicas} replica(s) x {cores} core(s) on Ray; http://{args.host}:{args.port}"
+            f"{layout.replicas} replica(s) x {layout.cores()} core(s) on Ray; "
+            f"http://{args.host}:{args.port}"
         )
         serve.run(app, blocking=True)
     except KeyboardInterrupt:

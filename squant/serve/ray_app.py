@@ -11,6 +11,8 @@ answers 429 with Retry-After when its queue holds more than max_queue_ms of work
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +24,34 @@ if TYPE_CHECKING:
     from .app import HttpConfig
 
 _REPLICA_ENGINE: list[Any] = []  # set inside each replica process by its app builder
+
+
+@dataclass(frozen=True)
+class RayConfig:
+    """How `squant serve --ray` lays its servers out as Ray Serve replicas (each field is a
+    `squant serve` flag of the same name)."""
+
+    replicas: int = field(
+        default=1,
+        metadata={"help": "with --ray: Ray Serve replicas, each a squant server on its own cores"},
+    )
+    cores_per_replica: int | None = field(
+        default=None, metadata={"help": "with --ray; default: this machine's cores / replicas"}
+    )
+    max_queued_requests: int = field(
+        default=1024,
+        metadata={"help": "with --ray: requests Ray's proxy queues before answering 503"},
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("replicas", "cores_per_replica", "max_queued_requests"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise SquantError(f"RayConfig.{name} must be at least 1, got {value}")
+
+    def cores(self) -> int:
+        """Cores per replica: as set, else this machine's cores shared by the replicas."""
+        return self.cores_per_replica or max(1, (os.cpu_count() or 1) // self.replicas)
 
 
 def replica_cores(local_rank: int, cores_per_replica: int) -> list[int]:
@@ -39,14 +69,12 @@ def replica_cores(local_rank: int, cores_per_replica: int) -> list[int]:
 def application(
     model: str | Path,
     config: ServeConfig,
-    replicas: int,
-    cores_per_replica: int,
+    layout: RayConfig | None = None,
     pooling_from: str | Path | None = None,
     calib: str | Path | None = None,
-    max_queued_requests: int = 1024,
     http: HttpConfig | None = None,
 ) -> Any:
-    """A Ray Serve application (pass it to serve.run) of `replicas` squant servers."""
+    """A Ray Serve application (pass it to serve.run) of `layout.replicas` squant servers."""
     try:
         from ray import serve
     except ImportError:
@@ -55,6 +83,8 @@ def application(
 
     model = str(Path(model).resolve())
     http = http or HttpConfig(model_name=Path(model).name)
+    layout = layout or RayConfig()
+    cores_per_replica = layout.cores()
 
     def build_app() -> Any:  # runs inside each replica
         from .app import create_app
@@ -82,9 +112,9 @@ def application(
     deployment = serve.deployment(
         SquantReplica,
         name="squant",
-        num_replicas=replicas,
+        num_replicas=layout.replicas,
         ray_actor_options={"num_cpus": cores_per_replica},
-        max_queued_requests=max_queued_requests,
+        max_queued_requests=layout.max_queued_requests,
         # one log line per request cost the 2-core test machine most of its throughput;
         # squant's own /metrics count requests
         logging_config={"enable_access_log": False, "log_level": "WARNING"},
