@@ -182,6 +182,9 @@ def main() -> None:
             )
         record["diagnosis"] = diag
     if args.json:
+        from squant.provenance import provenance
+
+        record["provenance"] = provenance()
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(record, indent=2))
 
