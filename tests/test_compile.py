@@ -145,6 +145,7 @@ def test_auto_float_parts_fall_back_to_fp32_when_bf16_disagrees(bert_static, mon
         return 0.5 if len(calls) == 1 else calls[-1]
 
     monkeypatch.setattr(compiler, "agreement", first_check_fails)
+    monkeypatch.setattr(compiler, "noise_floor", lambda *args: 1.0)  # the guard at min_cosine
     with pytest.warns(UserWarning, match="compiling with FP32 float parts"):
         compiled = squant.compile(q, CompileConfig(), inputs)
     assert compiled.float_dtype == torch.float32
@@ -240,3 +241,43 @@ def test_cpp_wrapper_calls_the_int8_kernels_from_cpp_and_runs_in_two_threads(ber
         with torch.no_grad():
             expected = compiled(**others[i]).last_hidden_state
         torch.testing.assert_close(results[i], expected, rtol=0, atol=0)
+
+
+class _Sensitive(torch.nn.Module):
+    """An embedding and sin(gain · x): gain 1 is a smooth model, gain 1e7 one where a change of
+    a few float32 ulps moves the output as far as quantization roundings that flip do."""
+
+    def __init__(self, gain: float):
+        super().__init__()
+        self.embed = torch.nn.Embedding(50, 16)
+        self.gain = gain
+
+    def get_input_embeddings(self):
+        return self.embed
+
+    def forward(self, input_ids, attention_mask=None):
+        return (torch.sin(self.embed(input_ids) * self.gain),)
+
+
+def test_the_noise_floor_measures_how_far_rounding_moves_eager():
+    from squant.runtime.compiler import noise_floor
+
+    torch.manual_seed(0)
+    inputs = {"input_ids": torch.randint(0, 50, (2, 64)), "attention_mask": torch.ones(2, 64)}
+    smooth, sensitive = _Sensitive(1.0), _Sensitive(1e7)
+    sensitive.embed.load_state_dict(smooth.embed.state_dict())
+    with torch.no_grad():
+        floors = {m: noise_floor(m, inputs, m(**inputs)[0]) for m in (smooth, sensitive)}
+    assert floors[smooth] > 0.99999  # float rounding alone: no visible change
+    assert floors[sensitive] < 0.9  # the same change, amplified
+    assert noise_floor(torch.nn.Identity(), inputs, torch.ones(1)) == 1.0  # no embeddings
+
+
+def test_compile_records_the_guard_it_applied(bert_static):
+    torch._dynamo.reset()
+    _, q = bert_static
+    inputs = token_batches(n=1, seed=8)[0]
+    compiled = squant.compile(q, CompileConfig(float_dtype="fp32"), inputs)
+    floor, applied = compiled.selection["noise_floor"], compiled.selection["min_cosine"]
+    assert applied == min(CompileConfig().min_cosine, floor)
+    assert compiled.check_cosine is not None and compiled.check_cosine >= applied
