@@ -38,15 +38,20 @@ def test_pages_speak_of_the_product_not_its_history(page):
         assert not re.search(pattern, text, flags=re.I), f"{page.name}: {pattern}"
 
 
-def _results_index():
+def _script(relative: str):
+    """A repository script (not a package module) imported by path."""
     import importlib.util
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "results_index.py"
-    spec = importlib.util.spec_from_file_location("results_index", path)
+    path = ROOT / relative
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _results_index():
+    return _script("benchmarks/results_index.py")
 
 
 def test_every_result_file_is_cited_and_every_citation_exists():
@@ -67,14 +72,7 @@ def test_the_results_index_is_current():
 
 
 def _reference_pages():
-    import importlib.util
-
-    path = ROOT / "tools" / "reference_pages.py"
-    spec = importlib.util.spec_from_file_location("reference_pages", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return _script("tools/reference_pages.py")
 
 
 def test_the_api_and_cli_reference_pages_are_current():

@@ -540,22 +540,6 @@ SQ_VNNI float softmax_unnormalized_vnni(float* p, int64_t n) {
   return sum;
 }
 
-// probs_to_s16_avx2 with AVX512: 16 probabilities per step. Returns Σ out.
-SQ_VNNI int32_t probs_to_s16_vnni(const float* p, int64_t n, float k, int16_t* out) {
-  const __m512 vk = _mm512_set1_ps(k);
-  __m512i vt = _mm512_setzero_si512();
-  int64_t j = 0;
-  for (; j + 16 <= n; j += 16) {
-    const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(p + j), vk));
-    vt = _mm512_add_epi32(vt, q);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j), _mm512_cvtsepi32_epi16(q));
-  }
-  int32_t total = _mm512_reduce_add_epi32(vt);
-  for (; j < n; ++j) total += (out[j] = round_s16(p[j] * k, kProbSteps));
-  if (n % 2) out[n] = 0;
-  return total;
-}
-
 // The P·V tile: kRows query rows x W blocks of 16 value columns from c0, one vpdpwssd per
 // (row, block, pair of keys); o[r][c] = sums · vscale[c] · inv_total[r], columns past d not
 // written.
@@ -648,7 +632,9 @@ SQ_VNNI void head_vnni(const Head& h) {
       if (r == rr) {
         float* pf = &p[r * blocks * 16];
         const float sum = softmax_unnormalized_vnni(pf, n);
-        inv_total[r] = 1.f / float(probs_to_s16_vnni(pf, n, kProbSteps / sum, &pq[r * 2 * vpairs]));
+        // the AVX2 conversion: once per query row, n values, a small part of the row's work
+        const int32_t total = probs_to_s16_avx2(pf, n, kProbSteps / sum, &pq[r * 2 * vpairs]);
+        inv_total[r] = 1.f / float(total);
       } else {
         inv_total[r] = inv_total[rr];
       }
