@@ -512,3 +512,22 @@ def test_serve_ray_flags_are_rayconfigs_fields():
         parser.parse_args(["serve", "model", "--ray", "--replicas", "0"])
     with pytest.raises(SquantError, match="replicas must be at least 1"):
         RayConfig(replicas=0)
+
+
+def test_serve_listen_flags_are_listenconfigs_fields():
+    """--host, --port, --header-timeout, --access-log come from ListenConfig."""
+    from squant.cli import build_parser
+    from squant.commands.common import dataclass_from_args
+    from squant.serve.listen import ListenConfig
+
+    parser = build_parser()
+    assert dataclass_from_args(ListenConfig, parser.parse_args(["serve", "m"])) == ListenConfig()
+    given = ["--host", "0.0.0.0", "--port", "9001", "--header-timeout", "2.5", "--access-log"]
+    args = parser.parse_args(["serve", "m", *given])
+    want = ListenConfig(host="0.0.0.0", port=9001, header_timeout_s=2.5, access_log=True)
+    assert dataclass_from_args(ListenConfig, args) == want
+    for bad in (["--port", "0"], ["--header-timeout", "0"]):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["serve", "m", *bad])
+    with pytest.raises(SquantError, match="port"):
+        ListenConfig(port=70000)

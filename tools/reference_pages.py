@@ -54,6 +54,7 @@ API_SECTIONS: list[tuple[str, list[str]]] = [
         [
             "squant.serve.engine.ServeConfig",
             "squant.serve.loading.engine_for",
+            "squant.serve.listen.ListenConfig",
             "squant.serve.server.serve_http",
             "squant.serve.ray_app.RayConfig",
             "squant.serve.ray_app.application",

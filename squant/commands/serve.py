@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import SquantError
 from ..serve.engine import ServeConfig
+from ..serve.listen import ListenConfig
 from ..serve.ray_app import RayConfig
 from .common import (
     ENGINE_FLAG_TYPES,
@@ -44,6 +45,7 @@ SERVE_FLAGS = (
     "watch_ranges",
 )
 DEFAULTS = ServeConfig()
+LISTEN_FLAG_TYPES = {"port": port_number, "header_timeout_s": positive_float}
 # RayConfig's fields are all counts: --replicas, --cores-per-replica, --max-queued-requests
 RAY_FLAG_TYPES = {name: positive_int for name in RayConfig.__dataclass_fields__}
 
@@ -56,8 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="a deploy directory from `squant export` (the compiled package), a directory "
         "written by `squant quantize`/squant.save, or a float checkpoint (served in FP32)",
     )
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=port_number, default=8080)
+    add_dataclass_arguments(p, ListenConfig, LISTEN_FLAG_TYPES, ("host", "port"))
     add_dataclass_arguments(p, ServeConfig, ENGINE_FLAG_TYPES, SERVE_FLAGS)
     add_runtime_argument(
         p,
@@ -92,19 +93,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="a browser origin allowed to call the API, e.g. https://app.example.com "
         "(repeatable; '*' = any; default none)",
     )
-    p.add_argument(
-        "--header-timeout",
-        type=positive_float,
-        default=10.0,
-        help="seconds a client may take to send a request's headers before a 408 and close "
-        "(a client trickling them a byte at a time would hold a connection for ever)",
-    )
-    p.add_argument(
-        "--access-log",
-        action="store_true",
-        help="log every request (uvicorn's access log; off by default: it cost ~1.5%% of "
-        "the core at ~100 requests/s, and /metrics counts requests)",
-    )
+    add_dataclass_arguments(p, ListenConfig, LISTEN_FLAG_TYPES, ("header_timeout_s", "access_log"))
     p.add_argument(
         "--ray",
         action="store_true",
@@ -185,18 +174,19 @@ def run(args: argparse.Namespace) -> None:
             f"squant serve needs the serve extra: pip install 'squant[serve]' ({e})"
         ) from None
     http = http_config(args)  # its errors before anything loads
-    _check_port_free(args.host, args.port)  # before minutes of loading and warm-up
+    listen = dataclass_from_args(ListenConfig, args)
+    _check_port_free(listen.host, listen.port)  # before minutes of loading and warm-up
     if args.ray:
-        _run_ray(args, http)
+        _run_ray(args, http, listen)
         return
     engine = build_engine(args)
     if engine.quantize_report is not None:
         print("\n".join(engine.quantize_report.lines()))
     say = lambda line: print(line, flush=True)  # noqa: E731
-    serve_http(engine, http, args.host, args.port, args.access_log, args.header_timeout, say)
+    serve_http(engine, http, listen, say)
 
 
-def _run_ray(args: argparse.Namespace, http: HttpConfig) -> None:
+def _run_ray(args: argparse.Namespace, http: HttpConfig, listen: ListenConfig) -> None:
     from ..serve.ray_app import application
 
     if not Path(args.model).is_dir():
@@ -217,10 +207,10 @@ def _run_ray(args: argparse.Namespace, http: HttpConfig) -> None:
 
     signal.signal(signal.SIGTERM, stop)
     try:
-        serve.start(http_options={"host": args.host, "port": args.port})
+        serve.start(http_options={"host": listen.host, "port": listen.port})
         print(
             f"{layout.replicas} replica(s) x {layout.cores()} core(s) on Ray; "
-            f"http://{args.host}:{args.port}"
+            f"http://{listen.host}:{listen.port}"
         )
         serve.run(app, blocking=True)
     except KeyboardInterrupt:

@@ -13,21 +13,21 @@ from ..runtime.placement import front_end_cores, pin_front_end
 from .app import HttpConfig, create_app
 from .engine import Engine
 from .header_deadline import header_deadline_protocol
+from .listen import ListenConfig
 from .process_memory import freeze_startup_objects
 
 
 def serve_http(
     engine: Engine,
     http: HttpConfig,
-    host: str = "127.0.0.1",
-    port: int = 8080,
-    access_log: bool = False,
-    header_timeout_s: float = 10.0,
+    listen: ListenConfig | None = None,
     say: Callable[[str], None] = print,
 ) -> None:
-    """Serve `engine` (not started) on host:port until SIGINT/SIGTERM, then drain it. A
+    """Serve `engine` (not started) as `listen` says until SIGINT/SIGTERM, then drain it. A
     failed warm-up stops the server and is raised as a SquantError."""
     import uvicorn
+
+    listen = listen or ListenConfig()
 
     say(
         f"warming {len(engine.buckets)} length buckets {list(engine.buckets)} on "
@@ -37,10 +37,10 @@ def serve_http(
     server = uvicorn.Server(
         uvicorn.Config(
             create_app(engine, http=http),
-            host=host,
-            port=port,
-            access_log=access_log,
-            http=header_deadline_protocol(header_timeout_s),
+            host=listen.host,
+            port=listen.port,
+            access_log=listen.access_log,
+            http=header_deadline_protocol(listen.header_timeout_s),
         )
     )
     failed: list[BaseException] = []
