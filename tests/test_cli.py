@@ -531,3 +531,16 @@ def test_serve_listen_flags_are_listenconfigs_fields():
             parser.parse_args(["serve", "m", *bad])
     with pytest.raises(SquantError, match="port"):
         ListenConfig(port=70000)
+
+
+def test_serve_ray_on_a_directory_that_is_no_model_is_one_line_before_ray_starts(tmp_path, capsys):
+    """Found by the CLI fuzz: `squant serve EMPTY_DIR --ray` deployed replicas that failed to
+    load and ended in Ray's traceback; the model is now checked before Ray starts."""
+    import ray
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["serve", str(empty), "--ray", "--port", "8931"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err and err[-1].startswith("squant serve: error:") and "tokenizer" in err[-1]
+    assert not ray.is_initialized()

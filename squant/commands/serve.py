@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import SquantError
+from ..errors import SquantError, first_line
 from ..serve.engine import ServeConfig
 from ..serve.listen import ListenConfig
 from ..serve.ray_app import RayConfig
@@ -215,6 +215,8 @@ def _run_ray(args: argparse.Namespace, http: HttpConfig, listen: ListenConfig) -
         serve.run(app, blocking=True)
     except KeyboardInterrupt:
         pass
+    except RuntimeError as e:  # a replica failed to start (its log says more)
+        raise SquantError(f"Ray Serve could not start squant's replicas: {first_line(e)}") from None
     finally:
         print("stopping the Ray Serve application", flush=True)
         serve.shutdown()

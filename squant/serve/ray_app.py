@@ -80,10 +80,14 @@ def application(
     except ImportError:
         raise SquantError("--ray needs the ray extra: pip install 'squant[ray]'") from None
     from .app import HttpConfig
+    from .loading import truncation_stated
 
     model = str(Path(model).resolve())
     http = http or HttpConfig(model_name=Path(model).name)
     layout = layout or RayConfig()
+    # what every replica would fail on, checked here: one clear error before Ray starts
+    # anything, not Ray's "Deploying application failed" from inside a replica
+    truncation_stated(model, pooling_from)
     cores_per_replica = layout.cores()
 
     def build_app() -> Any:  # runs inside each replica
