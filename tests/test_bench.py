@@ -9,7 +9,7 @@ import torch
 from squant.bench import runner
 from squant.cli import main
 from squant.errors import SquantError
-from squant.runtime.placement import plan
+from squant.runtime.placement import core_slots, plan
 from squant.runtime.timing import measure, summarize
 
 CORES = sorted(os.sched_getaffinity(0))
@@ -31,6 +31,12 @@ def test_plan_places_instances_on_distinct_cores():
     assert one.cores == (tuple(CORES),)
     with pytest.raises(SquantError, match="need"):
         plan(len(CORES) + 1, 1)
+
+
+def test_core_slots_cut_in_order_and_drop_the_remainder():
+    assert core_slots(2, [4, 5, 6, 7, 8]) == [(4, 5), (6, 7)]
+    assert core_slots(3, [0, 1]) == []
+    assert core_slots(1) == [(c,) for c in CORES]
 
 
 @pytest.mark.skipif(len(CORES) < 2, reason="needs two cores")

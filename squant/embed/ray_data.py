@@ -36,7 +36,7 @@ import torch
 
 from ..errors import SquantError
 from ..runtime.compiler import Attention
-from ..runtime.placement import allowed_cores, pin_current_thread
+from ..runtime.placement import core_slots, pin_current_thread
 from ..serve.engine import OFFLINE_BATCH_TOKENS
 from .local import EmbedReport, embed_texts, offline_config, write_shards
 
@@ -47,17 +47,16 @@ def claim_cores(cores: int, lock_dir: str | Path | None = None) -> tuple[list[in
     """The lowest free slot of `cores` cores of this machine's allowed CPUs, and the open lock
     file that holds it (keep it open: closing it, or the process ending, frees the slot).
     ([], None) when every slot is taken (more actors than cores: they then share)."""
-    available = allowed_cores()
     directory = Path(lock_dir or Path(tempfile.gettempdir()) / f"squant-cores-{os.getuid()}")
     directory.mkdir(parents=True, exist_ok=True)
-    for slot in range(len(available) // cores):
+    for slot, slot_cores in enumerate(core_slots(cores)):
         handle = (directory / f"slot-{cores}x{slot}.lock").open("w")
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             handle.close()
             continue
-        return available[slot * cores : (slot + 1) * cores], handle
+        return list(slot_cores), handle
     return [], None
 
 

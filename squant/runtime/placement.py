@@ -21,6 +21,16 @@ def allowed_cores() -> list[int]:
     return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
 
 
+def core_slots(width: int, cores: Sequence[int] | None = None) -> list[tuple[int, ...]]:
+    """`cores` (default: this process's allowed CPUs) cut in order into consecutive slots of
+    `width` cores; a remainder too small for a slot is left out. The one place squant slices
+    cores: instances, Ray replicas and Ray Data actors all take slots of it."""
+    cores = allowed_cores() if cores is None else list(cores)
+    return [
+        tuple(cores[start : start + width]) for start in range(0, len(cores) - width + 1, width)
+    ]
+
+
 @dataclass(frozen=True)
 class Placement:
     instances: int
@@ -43,11 +53,8 @@ def plan(instances: int | None, cores_per_instance: int | None) -> Placement:
         raise SquantError("instances and cores per instance must be >= 1")
     if n * c > total:
         raise SquantError(f"{n} instances x {c} cores need {n * c} cores; this process has {total}")
-    groups: list[tuple[int, ...]] = []
-    for node in nodes:  # an instance never straddles two NUMA nodes
-        for start in range(0, len(node) - c + 1, c):
-            if len(groups) < n:
-                groups.append(node[start : start + c])
+    # an instance never straddles two NUMA nodes
+    groups = [slot for node in nodes for slot in core_slots(c, node)][:n]
     if len(groups) < n:
         raise SquantError(f"cannot place {n} instances of {c} cores within NUMA nodes {nodes}")
     return Placement(n, c, tuple(groups))

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import SquantError
-from ..runtime.placement import allowed_cores, pin_current_thread
+from ..runtime.placement import allowed_cores, core_slots, pin_current_thread
 from .engine import ServeConfig
 
 if TYPE_CHECKING:
@@ -56,14 +56,14 @@ class RayConfig:
 
 def replica_cores(local_rank: int, cores_per_replica: int) -> list[int]:
     """The cores replica `local_rank` of this node owns."""
-    available = allowed_cores()
-    start = local_rank * cores_per_replica
-    if start + cores_per_replica > len(available):
+    slots = core_slots(cores_per_replica)
+    if local_rank >= len(slots):
+        start = local_rank * cores_per_replica
         raise SquantError(
             f"replica {local_rank} needs cores {start}..{start + cores_per_replica - 1} but this "
-            f"node gives {len(available)}: fewer replicas per node or fewer cores each"
+            f"node gives {len(allowed_cores())}: fewer replicas per node or fewer cores each"
         )
-    return available[start : start + cores_per_replica]
+    return list(slots[local_rank])
 
 
 def application(
