@@ -36,6 +36,8 @@ from torch import Tensor, nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from stress import embed_one, load_setup, stress_inputs
+
 import squant
 from squant.bench.report import format_table
 from squant.data import tokenize
@@ -43,7 +45,6 @@ from squant.quant.attention import FusedSelfAttention
 from squant.quant.mappings import max_positions, model_inputs
 from squant.quant.qlinear import QuantLinear
 from squant.runtime.compiler import agreement, first_tensor, noise_floor
-from stress import embed_one, load_setup, stress_inputs
 
 SITES = ("weights", "emb", "gemm", "attn", "ln")
 
