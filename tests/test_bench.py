@@ -60,6 +60,7 @@ def test_errors_in_an_instance_reach_the_caller():
         runner.run(boom, plan(1, 1), duration_s=0.1, warmup=1)
 
 
+@pytest.mark.compile
 @pytest.mark.skipif(len(CORES) < 2, reason="needs two cores")
 def test_bench_command_writes_every_field(tiny_checkpoint, tmp_path, capsys):
     out = tmp_path / "bench.json"

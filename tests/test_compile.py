@@ -13,6 +13,8 @@ from tests.helpers import cosine, last_hidden, tiny_model, token_batches
 
 LAYERS = 2
 
+pytestmark = pytest.mark.compile
+
 
 def _compiled_code(model, inputs, config, python_wrapper=True):
     # golden tests read inductor's Python wrapper, which names every kernel call as text; the
@@ -36,7 +38,6 @@ def bert_static():
 def test_default_static_graph_keeps_every_gemm_int8():
     """The default static config quantizes attn_out and FFN-out per token: still one int8
     GEMM per linear, no float GEMM, GELU still in the (static) FFN-in epilogue."""
-    torch._dynamo.reset()
     model = tiny_model("bert", outliers=True)
     q = squant.quantize(model, squant.SmoothQuantConfig(), token_batches(), progress=False)
     inputs = token_batches(n=1, seed=4)[0]
@@ -49,7 +50,6 @@ def test_default_static_graph_keeps_every_gemm_int8():
 
 @pytest.mark.parametrize("float_dtype", ["fp32", "bf16"])
 def test_static_graph_runs_only_int8_gemms_with_fused_quantize(bert_static, float_dtype):
-    torch._dynamo.reset()
     _, q = bert_static
     inputs = token_batches(n=1, seed=4)[0]
     _, _, code = _compiled_code(q, inputs, CompileConfig(float_dtype=float_dtype))
@@ -76,7 +76,6 @@ def test_static_graph_runs_only_int8_gemms_with_fused_quantize(bert_static, floa
 
 
 def test_no_graph_breaks(bert_static):
-    torch._dynamo.reset()
     _, q = bert_static
     inputs = token_batches(n=1, seed=4)[0]
     with torch._inductor.config.patch(freezing=True), torch.no_grad():
@@ -88,7 +87,6 @@ def test_no_graph_breaks(bert_static):
 @pytest.mark.parametrize(("float_dtype", "min_cos"), [("fp32", 0.9999), ("bf16", 0.999)])
 @pytest.mark.parametrize("mode", ["static", "dynamic"])
 def test_compiled_matches_eager(mode, float_dtype, min_cos):
-    torch._dynamo.reset()
     model = tiny_model("distilbert", "sequence-classification", outliers=True)
     q = squant.quantize(model, squant.SmoothQuantConfig(mode=mode), token_batches(), progress=False)
     inputs = token_batches(n=1, seed=6)[0]
@@ -103,7 +101,6 @@ def test_compiled_matches_eager(mode, float_dtype, min_cos):
 
 
 def test_compile_does_not_touch_inputs_or_the_source_model(bert_static):
-    torch._dynamo.reset()
     _, q = bert_static
     inputs = token_batches(n=1, seed=8)[0]
     kept = {k: v.clone() for k, v in inputs.items()}
@@ -118,7 +115,6 @@ def test_compile_does_not_touch_inputs_or_the_source_model(bert_static):
 
 
 def test_compile_refuses_a_model_that_disagrees_with_eager(bert_static):
-    torch._dynamo.reset()
     _, q = bert_static
     inputs = token_batches(n=1, seed=8)[0]
     # bf16 float parts cannot reproduce the float32 eager output bit for bit
@@ -134,7 +130,6 @@ def test_auto_float_parts_fall_back_to_fp32_when_bf16_disagrees(bert_static, mon
 
     import squant.runtime.compiler as compiler
 
-    torch._dynamo.reset()
     _, q = bert_static
     inputs = token_batches(n=1, seed=8)[0]
     monkeypatch.setattr(compiler, "cpu_features", lambda: types.SimpleNamespace(native_bf16=True))
@@ -161,7 +156,6 @@ def test_auto_float_parts_fall_back_to_fp32_when_bf16_disagrees(bert_static, mon
 
 
 def test_compile_leaves_global_inductor_config_alone(bert_static):
-    torch._dynamo.reset()
     _, q = bert_static
     before = torch._inductor.config.freezing
     squant.compile(q, CompileConfig(), token_batches(n=1)[0])
@@ -177,7 +171,6 @@ def test_compile_config_validation():
 
 def test_attention_is_chosen_by_measurement(bert_static):
     """A model quantized with float attention: compile times squant's and sdpa's."""
-    torch._dynamo.reset()
     model, _ = bert_static
     config = squant.SmoothQuantConfig(mode="static", attention="float")
     q = squant.quantize(model, config, token_batches(), progress=False)
@@ -211,7 +204,6 @@ def test_cpp_wrapper_calls_the_int8_kernels_from_cpp_and_runs_in_two_threads(ber
     the one compiled model at once each get their own right answer."""
     import threading
 
-    torch._dynamo.reset()
     _, q = bert_static
     inputs = token_batches(n=1, seed=4)[0]
     config = CompileConfig(float_dtype="fp32", cpp_wrapper=True)
@@ -274,7 +266,6 @@ def test_the_noise_floor_measures_how_far_rounding_moves_eager():
 
 
 def test_compile_records_the_guard_it_applied(bert_static):
-    torch._dynamo.reset()
     _, q = bert_static
     inputs = token_batches(n=1, seed=8)[0]
     compiled = squant.compile(q, CompileConfig(float_dtype="fp32"), inputs)

@@ -161,6 +161,7 @@ def test_eval_errors_are_one_line(tmp_path, capsys):
     assert "needs --train" in capsys.readouterr().err
 
 
+@pytest.mark.compile
 def test_compiled_variant_scores_what_the_eager_one_scores(tmp_path):
     """eval scores deployable variants: the compiled model runs at the task's batch size,
     padded to length buckets, and answers the same questions the same way."""
@@ -178,6 +179,7 @@ def test_compiled_variant_scores_what_the_eager_one_scores(tmp_path):
         evaluate(ckpt, "squad", data, "static-onnx", settings=settings)
 
 
+@pytest.mark.compile
 def test_probe_scores_a_compiled_variant_of_a_base_model(tmp_path):
     from squant.eval.probe_eval import ProbeSettings, evaluate_probe
 

@@ -14,6 +14,8 @@ from squant.errors import SquantError
 from squant.runtime.export import KERNEL_LIBRARY, MANIFEST, check_host
 from tests.helpers import tiny_model, token_batches
 
+pytestmark = pytest.mark.compile
+
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):

@@ -201,6 +201,7 @@ def test_quantized_model_runs_int8_attention_close_to_float_attention(bert_pair)
     assert cosine(out[keep], ref[keep]) >= 0.99
 
 
+@pytest.mark.compile
 def test_compiled_int8_attention_calls_the_kernel_and_matches_eager(bert_pair):
     from torch._inductor.utils import run_and_get_code
 

@@ -162,6 +162,7 @@ def test_config_validation(kwargs, message):
         squant.SmoothQuantConfig(**kwargs)
 
 
+@pytest.mark.compile
 def test_compiled_outlier_channels_fuse_into_elementwise_kernels():
     """Outliers at every site, compiled: eager numerics kept, and the float side product is
     no extra GEMM (a k-term sum inside the elementwise kernels inductor writes anyway)."""
@@ -169,7 +170,6 @@ def test_compiled_outlier_channels_fuse_into_elementwise_kernels():
 
     from torch._inductor.utils import run_and_get_code
 
-    torch._dynamo.reset()
     model = tiny_model("bert", outliers=True)
     config = squant.SmoothQuantConfig(mode="static", outlier_sites=EVERY_SITE)
     q = squant.quantize(model, config, token_batches(), progress=False)

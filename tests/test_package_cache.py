@@ -25,6 +25,8 @@ from squant.serve.package_cache import package_cache, package_key
 
 ONE_CORE = {"instances": 1, "cores_per_instance": 1}
 
+pytestmark = pytest.mark.compile
+
 
 @pytest.fixture
 def private_cache(tmp_path, monkeypatch):

@@ -605,9 +605,9 @@ def test_health_fails_when_a_worker_has_died(tokenizer):
 
 
 @pytest.mark.slow  # ~35 s; the runner squant serve builds itself is tested below
+@pytest.mark.compile
 def test_compiled_runner_serves_every_bucket(tokenizer):
     """One squant.compile graph with dynamic shapes serves all buckets and batch sizes."""
-    torch._dynamo.reset()
     model = tiny_model("bert", vocab_size=len(tokenizer), outliers=True)
     q = squant.quantize(model, calibration=_calib(model), progress=False)
     compiled = squant.compile(q, squant.CompileConfig(dynamic=True, float_dtype="fp32"))
@@ -900,6 +900,7 @@ def test_the_front_end_moves_off_the_instances_cores():
     assert os.sched_getaffinity(0) == set(cores)
 
 
+@pytest.mark.compile
 def test_after_ready_no_shape_compiles_mixed_batches_and_lengths_run_on_warm_graphs(base_dir):
     """Every batch size 1..max and every length 1..max after start(): no compile happens (a
     sealed runner would run such a call eagerly and count it), answers stay right."""

@@ -119,6 +119,7 @@ def test_named_outputs_read_like_a_model_output():
         _ = out.start_logits
 
 
+@pytest.mark.compile
 def test_static_compiled_variant_matches_eager_static_on_any_length():
     model = tiny_model("bert", "question-answering", outliers=True)
     calibration = token_batches()

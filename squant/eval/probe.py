@@ -132,13 +132,18 @@ def paired_accuracy_delta(pred: Tensor, ref_pred: Tensor, gold: Tensor) -> dict[
     return {"accuracy_delta": 100.0 * float(d.mean()), "accuracy_delta_ci95": 100.0 * half}
 
 
+def row_cosines(a: Tensor, b: Tensor) -> Tensor:
+    """cos(a_i, b_i) for each row i (embeddings of one input each)."""
+    return nn.functional.cosine_similarity(a.float(), b.float(), dim=-1)
+
+
 def mean_cosine(a: Tensor, b: Tensor) -> float:
     """Mean over rows of cos(a_i, b_i)."""
-    return float(nn.functional.cosine_similarity(a.float(), b.float(), dim=-1).mean())
+    return float(row_cosines(a, b).mean())
 
 
 def cosine_tail(a: Tensor, b: Tensor) -> dict[str, float]:
     """The worst rows of cos(a_i, b_i): minimum and 1st percentile. A mean hides the inputs
     a quantized model gets wrong (static INT8 on empty or 512-token inputs)."""
-    cos = nn.functional.cosine_similarity(a.float(), b.float(), dim=-1)
+    cos = row_cosines(a, b)
     return {"cosine_min": float(cos.min()), "cosine_p1": float(torch.quantile(cos, 0.01))}

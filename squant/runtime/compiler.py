@@ -371,7 +371,8 @@ def compile(  # the public name mirrors torch.compile
     # "auto" tries BF16 float parts first where the CPU computes BF16 natively, and falls back
     # to FP32 ones when they disagree with eager: on real all-MiniLM-L6-v2 static INT8 (AVX512
     # Zen 5) BF16 parts gave per-token cosine 0.9983-0.9986 against eager (refused at 0.999),
-    # FP32 parts 0.99999, and at 8 x 22 tokens both ran at the same speed (15.4 vs 15.5 ms)
+    # FP32 parts 0.99999. Not one op's fault: BF16 rounding at any single site moves an int8
+    # model that far, while its cosine vs FP32 stays the same (benchmarks/bf16_sites.py)
     dtypes = [dtype]
     if config.float_dtype == "auto" and dtype != torch.float32:
         dtypes.append(torch.float32)
@@ -386,7 +387,9 @@ def compile(  # the public name mirrors torch.compile
         if dtype != dtypes[-1]:
             warnings.warn(
                 f"squant.compile: {_DTYPE_NAMES[dtype]} float parts disagree with eager "
-                f"({_cosines(tried)}); compiling with FP32 float parts",
+                f"({_cosines(tried)}); compiling with FP32 float parts (on an INT8 model any "
+                "BF16 rounding moves some activations to the next int8 step; "
+                "float_dtype='fp32' skips the attempt)",
                 stacklevel=2,
             )
     if best is None:
