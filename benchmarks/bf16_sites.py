@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -143,11 +142,9 @@ def main() -> None:
     headers = ["mode", "variant", "vs eager, padded", "vs eager, short", "noise floor"]
     print(format_table([*headers, "vs FP32, SNLI mean", "vs FP32, stress worst"], table))
     if args.json:
-        from squant.provenance import provenance
+        from squant.provenance import write_result
 
-        record["provenance"] = provenance()
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(record, indent=2))
+        write_result(args.json, record)
 
 
 if __name__ == "__main__":

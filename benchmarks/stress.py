@@ -182,11 +182,9 @@ def main() -> None:
             )
         record["diagnosis"] = diag
     if args.json:
-        from squant.provenance import provenance
+        from squant.provenance import write_result
 
-        record["provenance"] = provenance()
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(record, indent=2))
+        write_result(args.json, record)
 
 
 if __name__ == "__main__":

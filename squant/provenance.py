@@ -6,6 +6,7 @@ to what produced it and compared only with figures from a like host."""
 from __future__ import annotations
 
 import contextlib
+import json
 import platform
 import subprocess
 import sys
@@ -56,3 +57,12 @@ def provenance(argv: list[str] | None = None) -> dict[str, Any]:
         "hardware": features.to_dict(),
         "versions": versions(),
     }
+
+
+def write_result(path: Path, record: dict[str, Any]) -> None:
+    """Write a result as JSON at `path` (its directory created, the file replaced atomically)
+    with this run's provenance added."""
+    from .files import write_output_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_output_file(path, json.dumps({**record, "provenance": provenance()}, indent=2))

@@ -131,3 +131,16 @@ def test_pin_current_thread_pins_only_the_calling_thread_and_sizes_the_pool():
     assert sorted(os.sched_getaffinity(0)) == cores  # this thread is untouched
     pin_current_thread([])  # no cores: nothing to do
     assert sorted(os.sched_getaffinity(0)) == cores
+
+
+def test_write_result_adds_provenance_and_creates_the_directory(tmp_path):
+    import json
+
+    from squant.provenance import write_result
+
+    path = tmp_path / "new" / "result.json"
+    write_result(path, {"ratio": 1.5})
+    record = json.loads(path.read_text())
+    assert record["ratio"] == 1.5
+    assert set(record["provenance"]) == {"command", "commit", "hardware", "versions"}
+    assert record["provenance"]["hardware"]["isa"]
