@@ -102,6 +102,14 @@ VARIANTS = {
     "squant-dynamic-cpp-wrapper": squant_compiled_with("dynamic", cpp_wrapper=True),
     "squant-static-float-attention": squant_compiled_with("static", {"attention": "float"}),
     "squant-dynamic-float-attention": squant_compiled_with("dynamic", {"attention": "float"}),
+    # the float-part choice timed directly; BF16 parts on an int8 model are held to a looser
+    # guard here (0.99) only so that they can be timed where the default refuses them
+    "squant-static-fp32-float": squant_compiled_with("static", float_dtype="fp32"),
+    "squant-static-bf16-float": squant_compiled_with("static", float_dtype="bf16", min_cosine=0.99),
+    "squant-dynamic-fp32-float": squant_compiled_with("dynamic", float_dtype="fp32"),
+    "squant-dynamic-bf16-float": squant_compiled_with(
+        "dynamic", float_dtype="bf16", min_cosine=0.99
+    ),
     "openvino-int8": openvino_nncf.setup,
     "openvino-int8-f32": lambda m, c, i: openvino_nncf.setup(m, c, i, precision="f32"),
     "openvino-int8-throughput": lambda m, c, i: openvino_nncf.setup(m, c, i, throughput=True),
@@ -110,6 +118,8 @@ VARIANTS = {
 INT8 = {"torchao-sq-static", "pt2e-static", "squant-static", "squant-dynamic", "squant-static-pt2"}
 INT8 |= {"squant-static-cpp-wrapper", "squant-dynamic-cpp-wrapper"}
 INT8 |= {"squant-static-float-attention", "squant-dynamic-float-attention"}
+INT8 |= {"squant-static-fp32-float", "squant-static-bf16-float"}
+INT8 |= {"squant-dynamic-fp32-float", "squant-dynamic-bf16-float"}
 INT8 |= {"openvino-int8", "openvino-int8-f32", "openvino-int8-throughput", "ort-int8-dynamic"}
 DEFAULT_VARIANTS = "fp32-compiled-frozen,squant-static,squant-dynamic,openvino-int8"
 

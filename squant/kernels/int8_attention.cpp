@@ -502,22 +502,29 @@ SQ_VNNI inline __m512 exp512(__m512 x) {
   return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
 }
 
-SQ_VNNI float quantize_row_vnni(const float* x, int64_t n, int8_t* out) {
+// quantize_row with AVX512; the row's tail (n % 16 values) in one masked step, and Σ out
+// (the key's column sum for the u8 compensation) when `sum` is given.
+SQ_VNNI float quantize_row_vnni(const float* x, int64_t n, int8_t* out, int32_t* sum = nullptr) {
+  const int64_t full = n / 16 * 16;
+  const __mmask16 tail = __mmask16((1u << (n - full)) - 1);
   __m512 vmax = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_loadu_ps(x + i)));
-  float amax = _mm512_reduce_max_ps(vmax);
-  for (; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
+  for (int64_t i = 0; i < full; i += 16)
+    vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_loadu_ps(x + i)));
+  vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_maskz_loadu_ps(tail, x + full)));
+  const float amax = _mm512_reduce_max_ps(vmax);
   const float scale = amax > 0.f ? amax / 127.f : 1.f;
-  const float inv = 1.f / scale;
-  const __m512 vinv = _mm512_set1_ps(inv);
+  const __m512 vinv = _mm512_set1_ps(1.f / scale);
   const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
-  for (i = 0; i + 16 <= n; i += 16) {
-    const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + i), vinv));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
-                     _mm512_cvtepi32_epi8(_mm512_min_epi32(_mm512_max_epi32(q, lo), hi)));
+  __m512i vsum = _mm512_setzero_si512();
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = i < full ? __mmask16(0xffff) : tail;
+    // nearest-even, as lrint in the scalar path
+    __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), vinv));
+    q = _mm512_min_epi32(_mm512_max_epi32(q, lo), hi);
+    vsum = _mm512_add_epi32(vsum, q);
+    _mm_mask_storeu_epi8(out + i, m, _mm512_cvtepi32_epi8(q));
   }
-  for (; i < n; ++i) out[i] = static_cast<int8_t>(std::min(127L, std::max(-127L, std::lrint(x[i] * inv))));
+  if (sum != nullptr) *sum = _mm512_reduce_add_epi32(vsum);
   return scale;
 }
 
@@ -581,14 +588,13 @@ SQ_VNNI void head_vnni(const Head& h) {
   std::vector<float> ks(blocks * 16, 0.f), p(kRows * blocks * 16), vscale;
   std::vector<int16_t> vq, pq(kRows * 2 * vpairs);
   quantize_values_avx2(h, vq, vscale);  // AVX2 is enough: once per head, not per query
+  // a key's 4-dim quads are int32 words: quad c of key j goes to word (block, c, j % 16)
+  int32_t* kp32 = reinterpret_cast<int32_t*>(kp.data());
   for (int64_t j = 0; j < n; ++j) {
-    ks[j] = quantize_row_vnni(h.k + h.keys[j] * h.stride, d, row.data());
-    int8_t* dst = &kp[(j / 16) * quads * 64 + (j % 16) * 4];
     int32_t sum = 0;
-    for (int64_t c = 0; c < dp; ++c) {
-      dst[(c / 4) * 64 + c % 4] = row[c];
-      sum += row[c];
-    }
+    ks[j] = quantize_row_vnni(h.k + h.keys[j] * h.stride, d, row.data(), &sum);
+    int32_t* dst = kp32 + (j / 16) * quads * 16 + j % 16;
+    for (int64_t c = 0; c < quads; ++c) std::memcpy(dst + c * 16, row.data() + 4 * c, 4);
     kcomp[j] = 128 * sum;
   }
   std::vector<int32_t> qp(kRows * quads);
@@ -599,10 +605,12 @@ SQ_VNNI void head_vnni(const Head& h) {
     for (int64_t r = 0; r < kRows; ++r) {
       const int64_t i = i0 + std::min(r, rows - 1);
       qs[r] = quantize_row_vnni(h.q + i * h.stride, d, qrow.data()) * h.scaling;
+      // u8 = s8 + 128 is the s8 byte with its top bit flipped; padded dims (0) become 128,
+      // which meet zero key dims
       for (int64_t c = 0; c < quads; ++c) {
-        uint32_t packed = 0;
-        for (int t = 0; t < 4; ++t) packed |= uint32_t(uint8_t(qrow[4 * c + t] + 128)) << (8 * t);
-        qp[r * quads + c] = int32_t(packed);
+        uint32_t word;
+        std::memcpy(&word, qrow.data() + 4 * c, 4);
+        qp[r * quads + c] = int32_t(word ^ 0x80808080u);
       }
     }
     for (int64_t b = 0; b < blocks; ++b) {
