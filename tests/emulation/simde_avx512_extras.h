@@ -99,6 +99,18 @@ inline void mask_storeu_ps(void* p, simde__mmask16 m, simde__m512 a) {
   for (int k = 0; k < 16; ++k)
     if (m & (1u << k)) static_cast<float*>(p)[k] = x.v[k];
 }
+inline simde__m512 maskz_loadu_ps(simde__mmask16 m, const void* p) {  // masked lanes not read
+  Lanes<float> r{};
+  for (int k = 0; k < 16; ++k)
+    if (m & (1u << k)) r.v[k] = static_cast<const float*>(p)[k];
+  return vec(r);
+}
+inline void mask_storeu_epi8(void* p, simde__mmask16 m, simde__m128i a) {
+  int8_t x[16];
+  std::memcpy(x, &a, sizeof(x));
+  for (int k = 0; k < 16; ++k)
+    if (m & (1u << k)) static_cast<int8_t*>(p)[k] = x[k];
+}
 
 }  // namespace squant_emulated
 
@@ -111,6 +123,8 @@ inline void mask_storeu_ps(void* p, simde__mmask16 m, simde__m512 a) {
 #undef _mm512_reduce_max_ps
 #undef _mm512_cvtepi32_epi8
 #undef _mm512_mask_storeu_ps
+#undef _mm512_maskz_loadu_ps
+#undef _mm_mask_storeu_epi8
 #define _mm512_cvttps_epi32 squant_emulated::cvttps_epi32
 #define _mm512_cvtps_epi32 squant_emulated::cvtps_epi32
 #define _mm512_cvtepi32_ps squant_emulated::cvtepi32_ps
@@ -120,3 +134,5 @@ inline void mask_storeu_ps(void* p, simde__mmask16 m, simde__m512 a) {
 #define _mm512_reduce_max_ps squant_emulated::reduce_max_ps
 #define _mm512_cvtepi32_epi8 squant_emulated::cvtepi32_epi8
 #define _mm512_mask_storeu_ps squant_emulated::mask_storeu_ps
+#define _mm512_maskz_loadu_ps squant_emulated::maskz_loadu_ps
+#define _mm_mask_storeu_epi8 squant_emulated::mask_storeu_epi8
