@@ -122,15 +122,47 @@ def test_compile_refuses_a_model_that_disagrees_with_eager(bert_static):
         squant.compile(q, CompileConfig(float_dtype="bf16", min_cosine=1.0), inputs)
 
 
+def test_auto_float_parts_of_an_int8_model_are_fp32_without_a_bf16_attempt(
+    bert_static, monkeypatch
+):
+    """On a CPU with native BF16, "auto" gives an INT8 model FP32 float parts at once: BF16
+    parts bought no speed there and were refused by the guard on real weights. One compile,
+    one check, no warning; a float model on the same CPU still gets BF16 parts."""
+    import types
+    import warnings
+
+    import squant.runtime.compiler as compiler
+
+    model, q = bert_static
+    inputs = token_batches(n=1, seed=8)[0]
+    monkeypatch.setattr(compiler, "cpu_features", lambda: types.SimpleNamespace(native_bf16=True))
+    real_agreement, calls = compiler.agreement, []
+
+    def counted(reference, output, mask):
+        calls.append(real_agreement(reference, output, mask))
+        return calls[-1]
+
+    monkeypatch.setattr(compiler, "agreement", counted)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback warning
+        compiled = squant.compile(q, CompileConfig(), inputs)
+    assert compiled.float_dtype == torch.float32
+    assert "refused_float" not in compiled.describe()["selection"]
+    assert len(calls) == 2  # the noise floor's check and the one compiled candidate's
+    assert CompileConfig().resolved_dtype(q) == torch.float32
+    assert CompileConfig().resolved_dtype(model) == torch.bfloat16
+    assert CompileConfig(float_dtype="bf16").resolved_dtype(q) == torch.bfloat16
+
+
 def test_auto_float_parts_fall_back_to_fp32_when_bf16_disagrees(bert_static, monkeypatch):
-    """On real MiniLM (AVX512-BF16 host) BF16 float parts gave cosine 0.9983 vs eager and the
-    default compile was refused; "auto" now falls back to FP32 float parts. The first check
-    (BF16) is made to fail here, whatever the CPU, so the fallback path runs."""
+    """A float model's BF16 parts that disagree with eager: "auto" falls back to FP32 float
+    parts. The first check (BF16) is made to fail here, whatever the CPU, so the fallback
+    path runs."""
     import types
 
     import squant.runtime.compiler as compiler
 
-    _, q = bert_static
+    q, _ = bert_static  # the float model
     inputs = token_batches(n=1, seed=8)[0]
     monkeypatch.setattr(compiler, "cpu_features", lambda: types.SimpleNamespace(native_bf16=True))
     real_agreement, calls = compiler.agreement, []

@@ -55,8 +55,9 @@ GEMMS: tuple[Gemm, ...] = get_args(Gemm)
 class CompileConfig:
     """How squant.compile builds the executable.
 
-    float_dtype: dtype of the non-int8 parts; "auto" = bf16 when the CPU has native BF16 and
-        the BF16 model agrees with eager on example_inputs, fp32 otherwise.
+    float_dtype: dtype of the non-int8 parts; "auto" = fp32 for a squant INT8 model, and for
+        a float model bf16 when the CPU has native BF16 and the BF16 model agrees with eager
+        on example_inputs, fp32 otherwise.
     attention: "squant" (matmul-softmax-matmul, see attention.py), "sdpa" (PyTorch's fused
         kernel), "model" (whatever the model's config says) or "auto": both timed on the
         example inputs' shapes, the faster is used.
@@ -97,7 +98,8 @@ class CompileConfig:
         if not 0.0 < self.min_cosine <= 1.0:
             raise SquantError(f"min_cosine must be in (0, 1], got {self.min_cosine}")
 
-    def resolved_dtype(self) -> torch.dtype:
+    def resolved_dtype(self, model: nn.Module | None = None) -> torch.dtype:
+        """The float parts' dtype for `model` (None: a float model)."""
         if self.float_dtype == "fp32":
             return torch.float32
         if self.float_dtype == "bf16":
@@ -110,6 +112,14 @@ class CompileConfig:
                     stacklevel=3,
                 )
             return torch.bfloat16
+        if model is not None and record_of(model) is not None:
+            # An INT8 model's float parts are LayerNorm, residual adds, GELU and the
+            # embeddings (its GEMMs and attention are int8): BF16 there bought no speed
+            # (real all-MiniLM-L6-v2 1 x 128 on an AVX512-BF16 Zen 5, interleaved rounds
+            # beside FP32 parts: static 0.94x, dynamic within noise), and its rounding moves
+            # activations to the next int8 step, so the compile guard refused it on real
+            # weights (cosine 0.998 vs eager) after compiling it for nothing.
+            return torch.float32
         return torch.bfloat16 if cpu_features().native_bf16 else torch.float32
 
 
@@ -357,7 +367,7 @@ def compile(  # the public name mirrors torch.compile
     config = config or CompileConfig()
     if example_inputs is None and config.gemm == "auto":
         raise SquantError("gemm='auto' measures candidates: pass example_inputs")
-    dtype = config.resolved_dtype()
+    dtype = config.resolved_dtype(model)
     if example_inputs is None:
         work, _ = _prepare(model, config, dtype, None)
         gemm = "onednn" if config.gemm == "auto" else config.gemm
@@ -368,11 +378,13 @@ def compile(  # the public name mirrors torch.compile
         reference = first_tensor(model(**inputs))
     floor = noise_floor(model, inputs, reference)
     min_cosine = min(config.min_cosine, floor)
-    # "auto" tries BF16 float parts first where the CPU computes BF16 natively, and falls back
-    # to FP32 ones when they disagree with eager: on real all-MiniLM-L6-v2 static INT8 (AVX512
-    # Zen 5) BF16 parts gave per-token cosine 0.9983-0.9986 against eager (refused at 0.999),
-    # FP32 parts 0.99999. Not one op's fault: BF16 rounding at any single site moves an int8
-    # model that far, while its cosine vs FP32 stays the same (benchmarks/bf16_sites.py)
+    # "auto" on a float model tries BF16 float parts first where the CPU computes BF16
+    # natively, and falls back to FP32 ones when they disagree with eager. (INT8 models get
+    # FP32 parts straight away, see resolved_dtype: on real all-MiniLM-L6-v2 static INT8 BF16
+    # parts gave per-token cosine 0.9983-0.9986 against eager, FP32 parts 0.99999. Not one
+    # op's fault: BF16 rounding at any single site moves an int8 model that far, while its
+    # cosine vs FP32 stays the same, benchmarks/bf16_sites.py.) An explicit float_dtype="bf16"
+    # on an INT8 model is checked as any compile is.
     dtypes = [dtype]
     if config.float_dtype == "auto" and dtype != torch.float32:
         dtypes.append(torch.float32)
@@ -387,9 +399,8 @@ def compile(  # the public name mirrors torch.compile
         if dtype != dtypes[-1]:
             warnings.warn(
                 f"squant.compile: {_DTYPE_NAMES[dtype]} float parts disagree with eager "
-                f"({_cosines(tried)}); compiling with FP32 float parts (on an INT8 model any "
-                "BF16 rounding moves some activations to the next int8 step; "
-                "float_dtype='fp32' skips the attempt)",
+                f"({_cosines(tried)}); compiling with FP32 float parts "
+                "(float_dtype='fp32' skips the attempt)",
                 stacklevel=2,
             )
     if best is None:

@@ -99,8 +99,9 @@ class ExportConfig:
     dynamic_seq: accept any sequence length in [2, the model's limit].
     dynamic_batch: accept any batch in [1, MAX_BATCH] (else exactly `batch`): what a server
         wants, which then sends each batch as it is instead of padding it to `batch`.
-    float_dtype: dtype of the non-int8 parts, as in CompileConfig ("auto": BF16 where the CPU
-        has native BF16). Attention is squant's fused kernel for quantized models.
+    float_dtype: dtype of the non-int8 parts, as in CompileConfig ("auto": FP32 for an INT8
+        model, BF16 for a float one where the CPU has native BF16). Attention is squant's
+        fused kernel for quantized models.
     """
 
     batch: int = field(default=1, metadata={"help": "batch the package runs at"})
@@ -114,7 +115,10 @@ class ExportConfig:
     )
     float_dtype: FloatDtype = field(
         default="auto",
-        metadata={"help": "dtype of the float parts (auto: BF16 where the CPU has it natively)"},
+        metadata={
+            "help": "dtype of the float parts (auto: FP32 for an INT8 model; for a float "
+            "model BF16 where the CPU has it natively)"
+        },
     )
 
     def __post_init__(self) -> None:
@@ -123,8 +127,8 @@ class ExportConfig:
         if self.float_dtype not in FLOAT_DTYPES:
             raise SquantError(f"float_dtype must be auto, bf16 or fp32, got {self.float_dtype!r}")
 
-    def resolved_dtype(self) -> torch.dtype:
-        return CompileConfig(float_dtype=self.float_dtype).resolved_dtype()
+    def resolved_dtype(self, model: nn.Module | None = None) -> torch.dtype:
+        return CompileConfig(float_dtype=self.float_dtype).resolved_dtype(model)
 
 
 def example_for(model: nn.Module, config: ExportConfig) -> dict[str, Tensor]:
@@ -174,7 +178,7 @@ def _export_into(
     config: ExportConfig,
 ) -> None:
     dynamic_seq = config.dynamic_seq
-    dtype = config.resolved_dtype()
+    dtype = config.resolved_dtype(model)
     work = copy.deepcopy(model).eval()
     if dtype != torch.float32:
         cast_float_parts(work, dtype)

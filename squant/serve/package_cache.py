@@ -77,10 +77,10 @@ def cached_package(
     pad = int(getattr(tokenizer, "pad_token_id", 0) or 0)
     with torch.no_grad():
         reference = first_tensor(model(**check_inputs))
-    # BF16 float parts where the CPU has them, as squant.compile tries first; FP32 when they
-    # do not hold on this model (real weights can lose the agreement in BF16)
+    # the float parts squant.compile would pick (BF16 only for a float model on a CPU with
+    # native BF16), then FP32 when they do not hold on this model
     tries: list[FloatDtype] = (
-        ["auto", "fp32"] if ExportConfig().resolved_dtype() != torch.float32 else ["fp32"]
+        ["auto", "fp32"] if ExportConfig().resolved_dtype(model) != torch.float32 else ["fp32"]
     )
     cos = 0.0
     for float_dtype in tries:
