@@ -38,6 +38,7 @@ def test_minilm_snli_probe_int8_within_half_a_point(minilm_dir):
         assert res[mode]["embedding_cosine"] > 0.995, res
 
 
+@pytest.mark.compile
 def test_default_compile_accepts_real_weights_with_padded_batches(minilm_dir):
     """Upstream of this check, the default compile refused the real MiniLM on padded batches
     (its guard counted padding positions). Real sentence pairs, 40% padding."""

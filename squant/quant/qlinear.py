@@ -81,7 +81,11 @@ def add_outliers(y: Tensor, x: Tensor, index: Tensor | None, weight: Tensor | No
     # Compiled: a k-term sum broadcast over the output channels instead of a [T, k] x [k, out]
     # GEMM, so inductor fuses it into the elementwise kernel that reads y anyway (a GEMM
     # writes and reads back a whole [T, out] tensor per linear).
-    return y.float() + (xs.unsqueeze(-1) * weight.T).sum(-2)
+    # The weight goes in as a contiguous [k, out] (freezing folds the copy into a constant), so
+    # the sum runs along the output channels like the kernel it joins; from [out, k] inductor
+    # vectorized over tokens instead, with strided gathers and two tile transposes per block
+    # (the LayerNorm kernel it joined took 3x as long).
+    return y.float() + (xs.unsqueeze(-1) * weight.t().contiguous()).sum(-2)
 
 
 class QuantLinear(nn.Module):
