@@ -70,6 +70,25 @@ def squant_variant(name: str):
     return setup
 
 
+def squant_instances(name: str, instances: int, cores_per_instance: int):
+    """A variant from squant's registry run as a throughput layout: the batch's rows split
+    across `instances` pinned instances of one model, each with its own cores (how
+    OpenVINO's THROUGHPUT hint runs a batch on its streams). Built at one instance's share
+    of the rows, the shape each instance runs."""
+
+    def setup(model, calibration, inputs):
+        from squant.bench.instances import InstancePool, split_rows
+        from squant.runtime.placement import plan
+
+        share = split_rows(inputs, instances)[0]
+        one = squant_variant(name)(model, calibration, share)
+        pool = InstancePool(one, plan(instances, cores_per_instance))
+        pool.note = f"{instances} x {cores_per_instance} cores; {one.note}"  # type: ignore[attr-defined]
+        return pool
+
+    return setup
+
+
 def squant_compiled_with(mode: str, quantize_options=None, **compile_options):
     """squant's INT8 model quantized and compiled with options other than the defaults (what a
     default would change, measured beside the default itself)."""
@@ -98,6 +117,9 @@ VARIANTS = {
     "squant-static": squant_variant("static-compiled"),
     "squant-dynamic": squant_variant("dynamic-compiled"),
     "squant-static-pt2": squant_variant("static-pt2"),
+    "squant-static-2x1": squant_instances("static-compiled", 2, 1),
+    "squant-dynamic-2x1": squant_instances("dynamic-compiled", 2, 1),
+    "squant-static-pt2-2x1": squant_instances("static-pt2", 2, 1),
     "squant-static-cpp-wrapper": squant_compiled_with("static", cpp_wrapper=True),
     "squant-dynamic-cpp-wrapper": squant_compiled_with("dynamic", cpp_wrapper=True),
     "squant-static-float-attention": squant_compiled_with("static", {"attention": "float"}),
@@ -116,6 +138,7 @@ VARIANTS = {
     "ort-int8-dynamic": onnxruntime_int8.setup,
 }
 INT8 = {"torchao-sq-static", "pt2e-static", "squant-static", "squant-dynamic", "squant-static-pt2"}
+INT8 |= {"squant-static-2x1", "squant-dynamic-2x1", "squant-static-pt2-2x1"}
 INT8 |= {"squant-static-cpp-wrapper", "squant-dynamic-cpp-wrapper"}
 INT8 |= {"squant-static-float-attention", "squant-dynamic-float-attention"}
 INT8 |= {"squant-static-fp32-float", "squant-static-bf16-float"}
@@ -262,28 +285,28 @@ def ratio(rows: dict, v: str, ref: str) -> float | None:
 
 
 def print_table(name: str, weights: str, rows: dict, args) -> None:
-    ov = "openvino-int8" if "openvino-int8" in rows else "openvino-int8-throughput"
+    peers = [ov for ov in ("openvino-int8", "openvino-int8-throughput") if ov in rows]
     table = []
     for v, r in rows.items():
         if "median_ms" not in r:
-            table.append([v, None, None, None, None, None, r.get("skipped") or r.get("error")])
+            blank = [None] * (3 + len(peers))
+            table.append([v, *blank, None, r.get("skipped") or r.get("error")])
             continue
-        vs_ov = ratio(rows, v, ov)
-        vs_fp32 = ratio(rows, v, "fp32-compiled-frozen")
+        vs = [ratio(rows, v, ref) for ref in ("fp32-compiled-frozen", *peers)]
         table.append(
             [
                 v,
                 f"{r['median_ms']:.2f}",
                 f"{r['p90_ms']:.2f}",
-                f"{vs_fp32:.2f}x" if vs_fp32 else None,
-                f"{vs_ov:.2f}x" if vs_ov else None,
+                *(f"{x:.2f}x" if x else None for x in vs),
                 f"{r['cosine_vs_fp32']:.5f}",
                 r.get("note") or "",
             ]
         )
     print(f"\n{name} ({weights}), batch {args.batch}, seq {args.seq}, {args.threads} threads")
     print(f"host: {cpu_features().model_name}, ISA {', '.join(cpu_features().isa)}")
-    headers = ["variant", "ms p50", "ms p90", "vs fp32 frozen", f"vs {ov}", "cos vs fp32", "note"]
+    against = ["vs fp32 frozen", *(f"vs {ov}" for ov in peers)]
+    headers = ["variant", "ms p50", "ms p90", *against, "cos vs fp32", "note"]
     print(format_table(headers, table))
 
 

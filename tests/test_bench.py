@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from squant.bench import runner
+from squant.bench.instances import InstancePool, split_rows
 from squant.cli import main
 from squant.errors import SquantError
 from squant.runtime.placement import core_slots, plan
@@ -144,3 +145,34 @@ def test_write_result_adds_provenance_and_creates_the_directory(tmp_path):
     assert record["ratio"] == 1.5
     assert set(record["provenance"]) == {"command", "commit", "hardware", "versions"}
     assert record["provenance"]["hardware"]["isa"]
+
+
+def test_split_rows_cuts_consecutive_near_equal_shares():
+    x = {"input_ids": torch.arange(10).view(5, 2), "attention_mask": torch.ones(5, 2)}
+    shares = split_rows(x, 2)
+    assert [s["input_ids"].shape[0] for s in shares] == [3, 2]
+    assert torch.equal(torch.cat([s["input_ids"] for s in shares]), x["input_ids"])
+    assert len(split_rows({"a": torch.zeros(1, 3)}, 4)) == 1  # fewer rows than instances
+    with pytest.raises(SquantError, match="empty"):
+        split_rows({"a": torch.zeros(0, 3)}, 2)
+
+
+@pytest.mark.skipif(len(CORES) < 2, reason="needs two cores")
+def test_instance_pool_runs_each_share_on_its_own_pinned_instance_in_row_order():
+    seen: dict[int, list[int]] = {}
+
+    def fn(x):
+        import threading
+
+        seen[int(x["a"][0, 0])] = sorted(os.sched_getaffinity(threading.get_native_id()))
+        return x["a"] * 2
+
+    x = {"a": torch.arange(12.0).view(6, 2)}
+    with InstancePool(fn, plan(2, 1)) as pool:
+        out = pool(x)
+        assert torch.equal(out, x["a"] * 2)
+        assert seen == {0: [CORES[0]], 6: [CORES[1]]}
+        pool.fn = lambda x: (_ for _ in ()).throw(RuntimeError("kernel failed"))
+        with pytest.raises(RuntimeError, match="kernel failed"):
+            pool(x)
+    assert sorted(os.sched_getaffinity(0)) == CORES  # the caller's own affinity is untouched
