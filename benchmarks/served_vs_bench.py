@@ -143,7 +143,7 @@ def main() -> None:
 
     from squant.bench.runner import plan
     from squant.runtime.placement import pin_front_end
-    from squant.serve.engine import BUCKETS
+    from squant.serve.config import BUCKETS
 
     placement = plan(args.instances, args.cores_per_instance)
     url = f"http://127.0.0.1:{args.port}"

@@ -371,7 +371,7 @@ def test_queued_work_over_max_queue_ms_is_429_with_its_wait(tokenizer):
     config = ServeConfig(instances=1, cores_per_instance=1, max_queue=1000, max_queue_ms=50)
     engine = Engine(model, tokenizer, config)
     engine.ready = True  # workers not started: the queue only fills
-    engine._tokens_per_s = 1000.0
+    engine.queue._tokens_per_s = 1000.0
     admitted = 0
     while True:
         try:
@@ -390,7 +390,7 @@ def test_queued_work_over_max_queue_ms_is_429_with_its_wait(tokenizer):
     # the same check runs before any tokenizing, for the request's whole life
     with pytest.raises(OverloadedError, match="of work queued"), engine.admitted():
         pass
-    engine._tokens_per_s = 1e9  # a fast engine: the queue is no obstacle any more
+    engine.queue._tokens_per_s = 1e9  # a fast engine: the queue is no obstacle any more
     with engine.admitted(), engine.admitted():  # two in flight
         pass
     small = Engine(
@@ -421,11 +421,11 @@ def test_admitted_requests_still_tokenizing_count_as_queued_work(tokenizer):
     model = tiny_model("bert", vocab_size=len(tokenizer))
     config = ServeConfig(instances=1, cores_per_instance=1, max_queue=1000, max_queue_ms=50)
     engine = Engine(model, tokenizer, config)
-    engine._tokens_per_s = 1000.0  # 16 ms per 16-token request
+    engine.queue._tokens_per_s = 1000.0  # 16 ms per 16-token request
     with engine.admitted() as first:
         engine.submit(engine.tokenize(["a"]), first)  # the average request: 16 tokens
-    engine._queue.clear()
-    engine._queued_tokens = 0
+    engine.queue._queue.clear()
+    engine.queue._queued_tokens = 0
     assert engine.queue_seconds() == 0.0
     with contextlib.ExitStack() as stack:
         held = []
@@ -439,8 +439,8 @@ def test_admitted_requests_still_tokenizing_count_as_queued_work(tokenizer):
         assert engine.queue_seconds() == pytest.approx(0.064)
         with pytest.raises(OverloadedError):  # still 64 ms > 50 ms: its second submit waits
             engine.submit(engine.tokenize(["a"]), held[0])
-        assert engine._unqueued == 3  # and did not count it off twice
-    assert engine._unqueued == 0 and engine.in_flight() == 0  # all released on the way out
+        assert engine.queue._unqueued == 3  # and did not count it off twice
+    assert engine.queue._unqueued == 0 and engine.in_flight() == 0  # all released on the way out
 
 
 def test_overload_is_refused_at_the_front_door_before_the_body_is_read(tokenizer, monkeypatch):
@@ -451,7 +451,7 @@ def test_overload_is_refused_at_the_front_door_before_the_body_is_read(tokenizer
     config = ServeConfig(instances=1, cores_per_instance=1, max_queue=1000, max_queue_ms=50)
     engine = Engine(model, tokenizer, config)
     engine.ready = True  # workers not started: the queue only fills
-    engine._tokens_per_s = 1000.0
+    engine.queue._tokens_per_s = 1000.0
     client = TestClient(create_app(engine))
     for _ in range(4):
         engine.submit(engine.tokenize(["a"]))  # 64 ms of work queued: over the 50 ms limit
@@ -465,8 +465,8 @@ def test_overload_is_refused_at_the_front_door_before_the_body_is_read(tokenizer
     assert tokenized == []
     assert client.post("/tokenize", content=b"{not json").status_code == 422  # not queued work
     assert client.get("/ready").status_code == 200
-    engine._queue.clear()
-    engine._queued_tokens = 0
+    engine.queue._queue.clear()
+    engine.queue._queued_tokens = 0
     assert engine.refusal() is None
     assert client.post("/embed", content=b"{not json").status_code == 422  # parsed again
     text = client.get("/metrics").text
@@ -845,6 +845,7 @@ def test_a_failed_compile_serves_eagerly_unless_compiled_was_asked_for(base_dir,
 
 
 @pytest.mark.slow  # ~60 s: a real compile
+@pytest.mark.compile
 def test_the_compiled_runner_serves_two_instances_without_recompiling(base_dir):
     from torch._dynamo.utils import counters
 
@@ -1314,7 +1315,7 @@ def test_idle_workers_share_a_big_request_and_busy_ones_batch_it_whole(tokenizer
         engine.start(warm=False)
         try:
             deadline = time.monotonic() + 5
-            while engine._waiting < instances and time.monotonic() < deadline:
+            while engine.queue._waiting < instances and time.monotonic() < deadline:
                 time.sleep(0.01)  # every worker is waiting for work
             futures = engine.submit(engine.tokenize(texts))
             rows = [f.result(timeout=30) for f in futures]

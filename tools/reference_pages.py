@@ -52,7 +52,7 @@ API_SECTIONS: list[tuple[str, list[str]]] = [
     (
         "Serving",
         [
-            "squant.serve.engine.ServeConfig",
+            "squant.serve.config.ServeConfig",
             "squant.serve.loading.engine_for",
             "squant.serve.listen.ListenConfig",
             "squant.serve.server.serve_http",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from ..serve.engine import OFFLINE_BATCH_TOKENS, ServeConfig
+from ..serve.config import OFFLINE_BATCH_TOKENS, ServeConfig
 from .common import (
     ENGINE_FLAG_TYPES,
     add_dataclass_arguments,

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import SquantError, first_line
-from ..serve.engine import ServeConfig
+from ..serve.config import ServeConfig
 from ..serve.listen import ListenConfig
 from ..serve.ray_app import RayConfig
 from .common import (

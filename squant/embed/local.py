@@ -31,7 +31,8 @@ from tqdm.auto import tqdm
 from ..data import text_from_record
 from ..errors import SquantError
 from ..files import iter_jsonl, model_sha256
-from ..serve.engine import Engine, ServeConfig
+from ..serve.config import ServeConfig
+from ..serve.engine import Engine
 
 MANIFEST = "embed.json"
 FORMAT_VERSION = 1

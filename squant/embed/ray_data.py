@@ -37,7 +37,7 @@ import torch
 from ..errors import SquantError
 from ..runtime.compiler import Attention
 from ..runtime.placement import core_slots, pin_current_thread
-from ..serve.engine import OFFLINE_BATCH_TOKENS
+from ..serve.config import OFFLINE_BATCH_TOKENS
 from .local import EmbedReport, embed_texts, offline_config, write_shards
 
 ROUND_ROWS = 50_000  # rows per Ray dataset of `squant embed --ray` (see embed_file_on_ray)

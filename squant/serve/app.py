@@ -49,7 +49,8 @@ from ..data import Text
 from ..errors import SquantError
 from ..quant.mappings import hf_config
 from ..quant.record import record_of
-from .engine import Admission, DeadlineExceededError, Engine, OverloadedError
+from .batching import Admission, DeadlineExceededError, OverloadedError
+from .engine import Engine
 from .error_body import error_body
 from .fast_path import FastRoute
 from .front_door import FrontDoor

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from ..checkpoint.sentence_transformer import sentence_settings, stated_length
 from ..errors import SquantError
-from .engine import Engine, ServeConfig
+from .config import ServeConfig
+from .engine import Engine
 
 
 def truncation_stated(path: str | Path, pooling_from: str | Path | None = None) -> int | None:

@@ -14,7 +14,8 @@ from torch import nn
 
 from ..checkpoint.sentence_transformer import sentence_settings
 from ..errors import SquantError
-from .engine import Engine, ServeConfig
+from .config import ServeConfig
+from .engine import Engine
 from .runtime import compiled_runner, packaged_model, wants_compiled
 
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import SquantError
 from ..runtime.placement import allowed_cores, core_slots, pin_current_thread
-from .engine import ServeConfig
+from .config import ServeConfig
 
 if TYPE_CHECKING:
     from .app import HttpConfig
