@@ -57,11 +57,14 @@ def compiled_note(model) -> str | None:
     return f"float {d['resolved_float_dtype'].removeprefix('torch.')}, attn {d['attention_used']}"
 
 
-def squant_variant(name: str):
-    """A variant from squant's registry (squant/bench/variants.py), as deployed."""
+def squant_variant(name: str, instances: int = 1):
+    """A variant from squant's registry (squant/bench/variants.py), as deployed; `instances`:
+    calls that may run at once (a package then holds one runner for each)."""
 
     def setup(model, calibration, inputs):
-        context = BuildContext(calibration, example_inputs=inputs, progress=False)
+        context = BuildContext(
+            calibration, example_inputs=inputs, instances=instances, progress=False
+        )
         built = build(name, model, context)
         run = lambda x: first_tensor(built(**x))  # noqa: E731
         run.note = compiled_note(getattr(built, "model", None))  # type: ignore[attr-defined]
@@ -81,9 +84,10 @@ def squant_instances(name: str, instances: int, cores_per_instance: int):
         from squant.runtime.placement import plan
 
         share = split_rows(inputs, instances)[0]
-        one = squant_variant(name)(model, calibration, share)
+        one = squant_variant(name, instances)(model, calibration, share)
         pool = InstancePool(one, plan(instances, cores_per_instance))
-        pool.note = f"{instances} x {cores_per_instance} cores; {one.note}"  # type: ignore[attr-defined]
+        layout = f"{instances} x {cores_per_instance} cores"
+        pool.note = f"{layout}; {one.note}" if one.note else layout  # type: ignore[attr-defined]
         return pool
 
     return setup
