@@ -90,3 +90,11 @@ def test_the_api_reference_documents_every_public_name():
     documented = {name for _, names in _reference_pages().API_SECTIONS for name in names}
     missing = [name for name in squant.__all__ if f"squant.{name}" not in documented]
     assert not missing, f"squant.__all__ names missing from docs/api.md: {missing}"
+
+
+def test_every_public_name_imports():
+    import squant
+
+    assert len(squant.__all__) > 10
+    broken = [name for name in squant.__all__ if getattr(squant, name, None) is None]
+    assert not broken, f"squant.__all__ names that do not import: {broken}"
