@@ -130,19 +130,6 @@ def checked_threads(threads: int | None) -> int | None:
     return threads
 
 
-def ray_init(address: str | None, **options: Any) -> None:
-    """ray.init, with an unreachable --ray-address as a one-line error (Ray raises a
-    ConnectionError with its traceback after its own retries)."""
-    import ray
-
-    from ..errors import SquantError
-
-    try:
-        ray.init(address=address, **options)
-    except ConnectionError as e:
-        raise SquantError(f"cannot reach the Ray cluster at {address}: {e}") from None
-
-
 def add_runtime_argument(parser: argparse.ArgumentParser, default: str, why: str) -> None:
     from ..serve.runtime import RUNTIMES
 

@@ -12,7 +12,6 @@ from .common import (
     add_runtime_argument,
     dataclass_values,
     positive_int,
-    ray_init,
 )
 
 if TYPE_CHECKING:
@@ -84,7 +83,9 @@ def _run_on_ray(args: argparse.Namespace) -> EmbedReport:
 
     started = not ray.is_initialized()  # inside a Ray driver already: use its connection
     if started:
-        ray_init(args.ray_address, include_dashboard=False, log_to_driver=False)
+        from ..serve.ray_app import connect
+
+        connect(args.ray_address, include_dashboard=False, log_to_driver=False)
     try:
         actors = args.actors or max(
             1, int(ray.cluster_resources().get("CPU", 1)) // args.cores_per_actor

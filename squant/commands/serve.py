@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from ..errors import SquantError, first_line
+from ..errors import SquantError
 from ..serve.config import ServeConfig
 from ..serve.listen import ListenConfig
 from ..serve.ray_app import RayConfig
@@ -20,7 +21,6 @@ from .common import (
     port_number,
     positive_float,
     positive_int,
-    ray_init,
 )
 
 if TYPE_CHECKING:
@@ -123,12 +123,18 @@ def build_engine(args: argparse.Namespace) -> Engine:
 
 
 def serve_config(args: argparse.Namespace) -> ServeConfig:
-    return ServeConfig(
+    config = ServeConfig(
         **dataclass_values(ServeConfig, args, SERVE_FLAGS),
         runtime=args.runtime,
         attention=args.attention,
-        model_process=wants_model_process(args),
     )
+    if args.model_process == "auto":
+        from ..serve.loading import model_process_pays
+
+        on = model_process_pays(args.model, config, args.calib, args.ray)
+    else:
+        on = args.model_process == "on"
+    return replace(config, model_process=on)
 
 
 def http_config(args: argparse.Namespace) -> HttpConfig:
@@ -139,19 +145,6 @@ def http_config(args: argparse.Namespace) -> HttpConfig:
         api_key=args.api_key or None,
         cors_origins=tuple(args.cors_origin),
     )
-
-
-def wants_model_process(args: argparse.Namespace) -> bool:
-    """--model-process: on/off as asked; auto: on where it pays and applies (a core left over
-    for the front end; not a deploy directory, --calib, --watch-ranges or --ray)."""
-    if args.model_process != "auto":
-        return bool(args.model_process == "on")
-    from ..checkpoint.source import source_kind
-    from ..runtime.placement import front_end_cores, plan
-
-    if args.ray or args.calib or args.watch_ranges or source_kind(args.model) == "deploy":
-        return False
-    return bool(front_end_cores(plan(args.instances, args.cores_per_instance)))
 
 
 def _check_port_free(host: str, port: int) -> None:
@@ -188,36 +181,10 @@ def run(args: argparse.Namespace) -> None:
 
 def _run_ray(args: argparse.Namespace, http: HttpConfig, listen: ListenConfig) -> None:
     from ..serve.ray_app import application
+    from ..serve.ray_app import run as run_on_ray
 
     if not Path(args.model).is_dir():
         raise SquantError(f"{args.model} is not a directory")
     layout = dataclass_from_args(RayConfig, args)
     app = application(args.model, serve_config(args), layout, args.pooling_from, args.calib, http)
-    import signal
-
-    import ray
-    from ray import serve
-
-    ray_init(args.ray_address)
-
-    # Ray's core worker installs a fatal-signal handler that prints a native stack dump on
-    # SIGTERM, the normal way an orchestrator stops a server: stop cleanly instead
-    def stop(signum: int, frame: Any) -> None:
-        raise SystemExit(0)
-
-    signal.signal(signal.SIGTERM, stop)
-    try:
-        serve.start(http_options={"host": listen.host, "port": listen.port})
-        print(
-            f"{layout.replicas} replica(s) x {layout.cores()} core(s) on Ray; "
-            f"http://{listen.host}:{listen.port}"
-        )
-        serve.run(app, blocking=True)
-    except KeyboardInterrupt:
-        pass
-    except RuntimeError as e:  # a replica failed to start (its log says more)
-        raise SquantError(f"Ray Serve could not start squant's replicas: {first_line(e)}") from None
-    finally:
-        print("stopping the Ray Serve application", flush=True)
-        serve.shutdown()
-        ray.shutdown()
+    run_on_ray(app, layout, listen, args.ray_address)

@@ -23,6 +23,24 @@ def truncation_stated(path: str | Path, pooling_from: str | Path | None = None) 
     return stated_length(load_tokenizer(path), st.max_seq_length)
 
 
+def model_process_pays(
+    path: str | Path,
+    config: ServeConfig,
+    calib: str | Path | None = None,
+    ray: bool = False,
+) -> bool:
+    """Whether a model process is worth its second process here (`--model-process auto`):
+    where the instances leave a core to the HTTP front end (served/bench 0.94x against 0.84x
+    in one process, docs/serving.md), and where it applies: not for a deploy directory, a
+    float checkpoint quantized at start-up (calib), range watching or Ray replicas."""
+    from ..checkpoint.source import source_kind
+    from ..runtime.placement import front_end_cores, plan
+
+    if ray or calib is not None or config.watch_ranges or source_kind(path) == "deploy":
+        return False
+    return bool(front_end_cores(plan(config.instances, config.cores_per_instance)))
+
+
 def engine_for(
     path: str | Path,
     config: ServeConfig,

@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import SquantError
+from ..errors import SquantError, first_line
 from ..runtime.placement import allowed_cores, core_slots, pin_current_thread
 from .config import ServeConfig
 
 if TYPE_CHECKING:
     from .app import HttpConfig
+    from .listen import ListenConfig
 
 _REPLICA_ENGINE: list[Any] = []  # set inside each replica process by its app builder
 
@@ -124,3 +125,48 @@ def application(
         logging_config={"enable_access_log": False, "log_level": "WARNING"},
     )
     return deployment.bind()
+
+
+def connect(address: str | None, **options: Any) -> None:
+    """ray.init, with an unreachable address as a one-line error (Ray raises a
+    ConnectionError with its traceback after its own retries)."""
+    import ray
+
+    try:
+        ray.init(address=address, **options)
+    except ConnectionError as e:
+        raise SquantError(f"cannot reach the Ray cluster at {address}: {e}") from None
+
+
+def run(app: Any, layout: RayConfig, listen: ListenConfig, address: str | None = None) -> None:
+    """Serve `application(...)` on Ray (a local cluster, or the one at `address`) at
+    listen's host and port until interrupted or stopped (SIGTERM); then shut Serve and Ray
+    down."""
+    import signal
+
+    import ray
+    from ray import serve
+
+    connect(address)
+
+    # Ray's core worker installs a fatal-signal handler that prints a native stack dump on
+    # SIGTERM, the normal way an orchestrator stops a server: stop cleanly instead
+    def stop(signum: int, frame: Any) -> None:
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        serve.start(http_options={"host": listen.host, "port": listen.port})
+        print(
+            f"{layout.replicas} replica(s) x {layout.cores()} core(s) on Ray; "
+            f"http://{listen.host}:{listen.port}"
+        )
+        serve.run(app, blocking=True)
+    except KeyboardInterrupt:
+        pass
+    except RuntimeError as e:  # a replica failed to start (its log says more)
+        raise SquantError(f"Ray Serve could not start squant's replicas: {first_line(e)}") from None
+    finally:
+        print("stopping the Ray Serve application", flush=True)
+        serve.shutdown()
+        ray.shutdown()
