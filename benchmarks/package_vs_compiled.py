@@ -3,7 +3,7 @@ compiled at start-up (what it ran before), in one process.
 
     python benchmarks/package_vs_compiled.py QUANTIZED_DIR [--rounds 7] [--json out.json]
 
-Both are built first (the package through serve/package_cache.py, so a second run loads it
+Both are built first (the package through engine/package_cache.py, so a second run loads it
 from the cache; squant.compile with dynamic shapes and the C++ wrapper, as the compiled
 runtime does), then timed at serving shapes in interleaved rounds at one thread; then the
 package is called from one and from two threads at once (one core each) to show that its calls
@@ -29,10 +29,10 @@ import squant
 from squant.bench.report import format_table
 from squant.checkpoint.models import load_tokenizer
 from squant.checkpoint.sentence_transformer import inner_model, is_sentence_transformer
+from squant.engine.runtime import compiled_runner, packaged_model
 from squant.provenance import provenance
 from squant.runtime.compiler import agreement
 from squant.runtime.outputs import first_tensor
-from squant.serve.runtime import compiled_runner, packaged_model
 
 SHAPES = ((1, 16), (1, 128), (8, 32), (16, 128), (32, 16))
 

@@ -18,7 +18,7 @@ The load generator (this process) runs on the cores no instance uses when there 
 where `squant serve` also puts its HTTP front end.
 
 --variants in-process,model-process starts one server per variant (`--model-process`: the
-model in a child process, serve/model_process.py), all loaded at once; each round then runs
+model in a child process, engine/model_process.py), all loaded at once; each round then runs
 bench and every server's window in turn (their order rotating), so each gets its own ratio
 against the same bench windows.
 """
@@ -142,8 +142,8 @@ def main() -> None:
         return
 
     from squant.bench.runner import plan
+    from squant.engine.config import BUCKETS
     from squant.runtime.placement import pin_front_end
-    from squant.serve.config import BUCKETS
 
     placement = plan(args.instances, args.cores_per_instance)
     url = f"http://127.0.0.1:{args.port}"

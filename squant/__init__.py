@@ -9,7 +9,8 @@ The package is layered, each layer importing only itself and those listed before
     checkpoint   loading, saving, sentence-transformers, the public quantize
     bench        speed: variants by name, timing runs, roofline, reports
     eval         accuracy (and tune, which weighs it against speed)
-    serve        the HTTP server and its engine
+    engine       batching, workers and execution for serving and bulk embedding (no HTTP)
+    serve        the HTTP server on the engine
     embed        bulk embedding, local or on Ray Data
     commands     the CLI's commands (cli.py dispatches to them)
 """
@@ -86,6 +87,21 @@ MOVED_MODULES = {
         for m in ("compiler", "export", "outputs", "placement", "shapes", "timing")
     },
     **{f"squant.{m}": f"squant.bench.{m}" for m in ("analyze", "report", "variants")},
+    **{
+        f"squant.serve.{m}": f"squant.engine.{m}"
+        for m in (
+            "batching",
+            "config",
+            "engine",
+            "executor",
+            "loading",
+            "local_engine",
+            "model_process",
+            "package_cache",
+            "process_memory",
+            "runtime",
+        )
+    },
     "squant.tune": "squant.eval.tune",
     "squant.ray_data": "squant.embed.ray_data",
 }
@@ -119,8 +135,9 @@ def _alias_moved_modules() -> None:
         # function squant.export with the module (the import system sets the attribute)
         if new in sys.modules:
             sys.modules.setdefault(old, sys.modules[new])
-            leaf = old.rsplit(".", 1)[1]
-            if leaf not in globals():  # `import squant.compiler; squant.compiler.X`
+            parent, leaf = old.rsplit(".", 1)
+            # `import squant.compiler; squant.compiler.X` (old paths directly under squant)
+            if parent == "squant" and leaf not in globals():
                 globals()[leaf] = sys.modules[new]
     if not any(isinstance(f, _MovedModuleFinder) for f in sys.meta_path):
         sys.meta_path.append(_MovedModuleFinder())

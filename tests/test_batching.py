@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from squant.serve.batching import BatchQueue, DeadlineExceededError, OverloadedError
-from squant.serve.config import ServeConfig
+from squant.engine.batching import BatchQueue, DeadlineExceededError, OverloadedError
+from squant.engine.config import ServeConfig
 
 
 def ids(n: int) -> tuple[list[int], None]:

@@ -461,7 +461,7 @@ def test_serve_flags_are_serveconfigs_fields_with_their_defaults():
 
     from squant.cli import build_parser
     from squant.commands.serve import SERVE_FLAGS, serve_config
-    from squant.serve.engine import ServeConfig
+    from squant.engine.engine import ServeConfig
 
     parser = build_parser()
     args = parser.parse_args(["serve", "model", "--model-process", "off"])
@@ -478,7 +478,7 @@ def test_embed_flags_are_serveconfigs_fields_with_bulk_embeddings_batch_default(
     from squant.cli import build_parser
     from squant.commands.common import dataclass_values
     from squant.commands.embed import EMBED_FLAGS
-    from squant.serve.engine import OFFLINE_BATCH_TOKENS, ServeConfig
+    from squant.engine.engine import OFFLINE_BATCH_TOKENS, ServeConfig
 
     parser = build_parser()
     args = parser.parse_args(["embed", "model", "in.txt", "--out", "o"])

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import squant
 from squant.cli import main
 from squant.embed.local import embed_file
-from squant.serve.engine import ServeConfig
+from squant.engine.engine import ServeConfig
 
 TEXTS = [
     "the cat sat on the mat",
@@ -22,7 +22,7 @@ TEXTS = [
 
 @pytest.fixture(scope="module")
 def engine(base_dir):
-    from squant.serve.loading import engine_for
+    from squant.engine.loading import engine_for
 
     config = ServeConfig(
         instances=1, cores_per_instance=1, max_queue=8, max_queue_ms=0, runtime="eager"
@@ -109,7 +109,7 @@ def test_a_directory_made_at_another_truncation_length_is_refused(engine, base_d
     import copy
     import json
 
-    from squant.serve.loading import truncation_stated
+    from squant.engine.loading import truncation_stated
 
     assert truncation_stated(base_dir) == engine.stated_length
     corpus = tmp_path / "corpus.txt"
@@ -173,7 +173,7 @@ def test_embed_refuses_before_loading_the_model(
 ):
     """What squant embed can refuse without the model it refuses before loading it (a
     compiled model takes minutes to build): loading here would fail the test."""
-    import squant.serve.loading as loading
+    import squant.engine.loading as loading
 
     texts = tmp_path / "texts.txt"
     texts.write_text("a cat\na dog\n")

@@ -71,7 +71,7 @@ def test_no_import_cycles():
 
 def test_no_import_cycles_through_deferred_imports():
     graph = _module_graph(deferred=True)
-    assert "squant.serve.local_engine" in graph["squant.serve.model_process"]  # reads functions
+    assert "squant.engine.local_engine" in graph["squant.engine.model_process"]  # reads functions
     assert find_cycle(graph) is None
 
 
@@ -91,6 +91,7 @@ LAYERS = (
     ("squant.checkpoint",),
     ("squant.bench",),
     ("squant.eval",),
+    ("squant.engine",),
     ("squant.serve",),
     ("squant.embed",),
     ("squant.commands",),
@@ -128,8 +129,8 @@ def test_layers_import_downward_only():
 
 
 def test_the_layer_check_finds_an_upward_import():
-    graph = {"squant.quant.int8": {"squant.serve.engine"}, "squant.serve.engine": set()}
-    assert upward_imports(graph) == ["squant.quant.int8 -> squant.serve.engine"]
+    graph = {"squant.quant.int8": {"squant.engine.engine"}, "squant.engine.engine": set()}
+    assert upward_imports(graph) == ["squant.quant.int8 -> squant.engine.engine"]
     assert upward_imports({"squant.serve.app": {"squant.quant.int8"}}) == []
 
 

@@ -11,9 +11,9 @@ import torch
 pytest.importorskip("fastapi")
 
 import squant
-from squant.serve.engine import ServeConfig
-from squant.serve.loading import engine_for
-from squant.serve.model_process import ModelProcessError
+from squant.engine.engine import ServeConfig
+from squant.engine.loading import engine_for
+from squant.engine.model_process import ModelProcessError
 from tests.helpers import cosine
 
 TEXTS = ["the cat sat on the mat", "a dog runs fast in the park", "red car", ""]

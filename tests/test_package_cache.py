@@ -15,13 +15,13 @@ import torch
 import squant
 from squant import kernels
 from squant.checkpoint.models import load_tokenizer
+from squant.engine.engine import ServeConfig
+from squant.engine.loading import engine_for
+from squant.engine.package_cache import package_cache, package_key
 from squant.kernels.package_runner import NativePackageRunner
 from squant.runtime.compiler import agreement
 from squant.runtime.export import MAX_BATCH, ExportConfig, export, load_exported
 from squant.runtime.shapes import PaddedShapes
-from squant.serve.engine import ServeConfig
-from squant.serve.loading import engine_for
-from squant.serve.package_cache import package_cache, package_key
 
 ONE_CORE = {"instances": 1, "cores_per_instance": 1}
 
@@ -112,7 +112,7 @@ def test_a_package_that_disagrees_is_dropped_and_the_model_compiled(
     def no_compiler(*args):
         raise squant.SquantError("building squant's C++ kernels failed: no compiler")
 
-    monkeypatch.setattr("squant.serve.package_cache._build", no_compiler)
+    monkeypatch.setattr("squant.engine.package_cache._build", no_compiler)
     with pytest.raises(squant.SquantError, match=r"--runtime package: .*no compiler"):
         engine_for(base_dir, ServeConfig(runtime="package", **ONE_CORE))
     # naming the runtime or the attention compiles, as before

@@ -51,7 +51,7 @@ def local_ray():
 
 
 def test_ray_embedding_equals_local_and_resumes(base_dir, tmp_path, local_ray):
-    from squant.serve.loading import engine_for
+    from squant.engine.loading import engine_for
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(TEXTS) + "\n")

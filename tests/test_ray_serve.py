@@ -12,7 +12,7 @@ pytest.importorskip("httpx")
 import httpx
 import ray
 
-from squant.serve.engine import ServeConfig
+from squant.engine.engine import ServeConfig
 from squant.serve.ray_app import RayConfig, application, replica_cores
 
 

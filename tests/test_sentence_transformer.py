@@ -155,8 +155,8 @@ def test_serving_truncates_where_sentence_transformers_does(st_dir):
     not at the model's 512 positions, so a long text embeds as sentence-transformers embeds
     it; buckets and the advertised length follow."""
     from squant.embed.local import embed_texts
-    from squant.serve.engine import ServeConfig
-    from squant.serve.loading import engine_for
+    from squant.engine.engine import ServeConfig
+    from squant.engine.loading import engine_for
 
     config = ServeConfig(instances=1, cores_per_instance=1, runtime="eager")
     engine = engine_for(st_dir, config)
@@ -180,8 +180,8 @@ def test_a_legacy_max_seq_length_wins_and_a_bad_one_is_a_clear_error(st_dir, tmp
     import json
 
     from squant.checkpoint.sentence_transformer import sentence_settings
-    from squant.serve.engine import ServeConfig
-    from squant.serve.loading import engine_for
+    from squant.engine.engine import ServeConfig
+    from squant.engine.loading import engine_for
 
     legacy = tmp_path / "legacy"
     shutil.copytree(st_dir, legacy)
@@ -203,8 +203,8 @@ def test_a_quantized_directory_keeps_the_max_seq_length_of_a_legacy_one(
     and the server would truncate at 512."""
     import json
 
-    from squant.serve.engine import ServeConfig
-    from squant.serve.loading import engine_for
+    from squant.engine.engine import ServeConfig
+    from squant.engine.loading import engine_for
 
     legacy = tmp_path / "legacy"
     shutil.copytree(st_dir, legacy)

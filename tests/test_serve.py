@@ -21,8 +21,8 @@ pytest.importorskip("orjson")
 from fastapi.testclient import TestClient
 
 import squant
+from squant.engine.engine import Engine, OverloadedError, ServeConfig
 from squant.serve.app import create_app
-from squant.serve.engine import Engine, OverloadedError, ServeConfig
 from tests.helpers import cosine, error_of, tiny_model, token_batches
 
 
@@ -210,7 +210,7 @@ class _RecordingExecutor:
 def test_the_engine_batches_for_any_executor_without_a_model(tokenizer):
     """The seam: admission, buckets and workers run on an executor that is no model at all
     (a model process is one too); the engine only reads the model's description."""
-    from squant.serve.model_process import ModelDescription
+    from squant.engine.model_process import ModelDescription
 
     description = ModelDescription(
         "BertModel",
@@ -680,7 +680,7 @@ def test_serve_builds_its_engine_from_a_deploy_directory(deploy_dir):
 def test_malloc_arenas_are_capped_on_glibc():
     import platform
 
-    from squant.serve.process_memory import limit_malloc_arenas
+    from squant.engine.process_memory import limit_malloc_arenas
 
     if platform.libc_ver()[0] != "glibc":
         pytest.skip("mallopt(M_ARENA_MAX) is glibc's")
@@ -691,7 +691,7 @@ def test_startup_objects_are_frozen_and_new_garbage_is_still_collected():
     import gc
     import weakref
 
-    from squant.serve.process_memory import freeze_startup_objects
+    from squant.engine.process_memory import freeze_startup_objects
 
     class Node:
         pass
@@ -783,7 +783,7 @@ class _FakeCompiled(torch.nn.Module):
 def test_compiled_runtime_compiles_at_the_workers_thread_count(
     base_dir, tiny_checkpoint, monkeypatch
 ):
-    from squant.serve.loading import engine_for
+    from squant.engine.loading import engine_for
 
     calls = []
 
@@ -828,15 +828,15 @@ def test_compiled_runtime_compiles_at_the_workers_thread_count(
 
 def test_a_failed_compile_serves_eagerly_unless_compiled_was_asked_for(base_dir, monkeypatch):
     from squant.embed.local import offline_config  # bulk embedding compiles by default
-    from squant.serve.loading import engine_for
+    from squant.engine.loading import engine_for
 
     def broken(model, config, example_inputs):
         raise RuntimeError("InductorError: no C++ compiler found\nlong traceback")
 
     monkeypatch.setattr("squant.runtime.compiler.compile", broken)
     config = offline_config(instances=1, cores_per_instance=1)
-    # no package could be built (serve/package_cache.py), so "auto" compiles, which fails too
-    monkeypatch.setattr("squant.serve.local_engine.packaged_model", lambda *a: None)
+    # no package could be built (engine/package_cache.py), so "auto" compiles, which fails too
+    monkeypatch.setattr("squant.engine.local_engine.packaged_model", lambda *a: None)
     with pytest.warns(UserWarning, match=r"serving eagerly: .*no C\+\+ compiler found"):
         engine = engine_for(base_dir, config)
     assert engine.runner is engine.model
@@ -849,7 +849,7 @@ def test_a_failed_compile_serves_eagerly_unless_compiled_was_asked_for(base_dir,
 def test_the_compiled_runner_serves_two_instances_without_recompiling(base_dir):
     from torch._dynamo.utils import counters
 
-    from squant.serve.loading import engine_for
+    from squant.engine.loading import engine_for
 
     config = ServeConfig(
         instances=2, cores_per_instance=1, max_batch_requests=4, runtime="compiled"
@@ -905,7 +905,7 @@ def test_the_front_end_moves_off_the_instances_cores():
 def test_after_ready_no_shape_compiles_mixed_batches_and_lengths_run_on_warm_graphs(base_dir):
     """Every batch size 1..max and every length 1..max after start(): no compile happens (a
     sealed runner would run such a call eagerly and count it), answers stay right."""
-    from squant.serve.loading import engine_for
+    from squant.engine.loading import engine_for
 
     config = ServeConfig(
         instances=1,

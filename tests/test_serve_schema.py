@@ -17,8 +17,8 @@ hypothesis = pytest.importorskip("hypothesis")
 pytest.importorskip("fastapi")
 
 import squant  # noqa: E402
+from squant.engine.engine import Engine, ServeConfig  # noqa: E402
 from squant.serve.app import create_app  # noqa: E402
-from squant.serve.engine import Engine, ServeConfig  # noqa: E402
 from tests.helpers import tiny_model, token_batches  # noqa: E402
 
 st = hypothesis.strategies

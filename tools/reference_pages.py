@@ -52,8 +52,8 @@ API_SECTIONS: list[tuple[str, list[str]]] = [
     (
         "Serving",
         [
-            "squant.serve.config.ServeConfig",
-            "squant.serve.loading.engine_for",
+            "squant.engine.config.ServeConfig",
+            "squant.engine.loading.engine_for",
             "squant.serve.listen.ListenConfig",
             "squant.serve.server.serve_http",
             "squant.serve.ray_app.RayConfig",

@@ -131,7 +131,7 @@ def checked_threads(threads: int | None) -> int | None:
 
 
 def add_runtime_argument(parser: argparse.ArgumentParser, default: str, why: str) -> None:
-    from ..serve.runtime import RUNTIMES
+    from ..engine.runtime import RUNTIMES
 
     parser.add_argument(
         "--runtime",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from ..serve.config import OFFLINE_BATCH_TOKENS, ServeConfig
+from ..engine.config import OFFLINE_BATCH_TOKENS, ServeConfig
 from .common import (
     ENGINE_FLAG_TYPES,
     add_dataclass_arguments,
@@ -49,7 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> None:
     from ..embed.local import check_before_loading, embed_file, offline_config
-    from ..serve.loading import engine_for
+    from ..engine.loading import engine_for
 
     # before minutes of loading and compiling
     check_before_loading(args.input, args.out, args.shard_rows, str(args.model))

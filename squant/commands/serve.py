@@ -8,8 +8,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..engine.config import ServeConfig
 from ..errors import SquantError
-from ..serve.config import ServeConfig
 from ..serve.listen import ListenConfig
 from ..serve.ray_app import RayConfig
 from .common import (
@@ -24,8 +24,8 @@ from .common import (
 )
 
 if TYPE_CHECKING:
+    from ..engine.engine import Engine
     from ..serve.app import HttpConfig
-    from ..serve.engine import Engine
 
 API_KEY_ENV = "SQUANT_API_KEY"
 
@@ -117,7 +117,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def build_engine(args: argparse.Namespace) -> Engine:
-    from ..serve.loading import engine_for
+    from ..engine.loading import engine_for
 
     return engine_for(args.model, serve_config(args), args.pooling_from, args.calib)
 
@@ -129,7 +129,7 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
         attention=args.attention,
     )
     if args.model_process == "auto":
-        from ..serve.loading import model_process_pays
+        from ..engine.loading import model_process_pays
 
         on = model_process_pays(args.model, config, args.calib, args.ray)
     else:

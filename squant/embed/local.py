@@ -29,10 +29,10 @@ import torch
 from tqdm.auto import tqdm
 
 from ..data import text_from_record
+from ..engine.config import ServeConfig
+from ..engine.engine import Engine
 from ..errors import SquantError
 from ..files import iter_jsonl, model_sha256
-from ..serve.config import ServeConfig
-from ..serve.engine import Engine
 
 MANIFEST = "embed.json"
 FORMAT_VERSION = 1

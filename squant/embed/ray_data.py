@@ -34,10 +34,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..engine.config import OFFLINE_BATCH_TOKENS
 from ..errors import SquantError
 from ..runtime.compiler import Attention
 from ..runtime.placement import core_slots, pin_current_thread
-from ..serve.config import OFFLINE_BATCH_TOKENS
 from .local import EmbedReport, embed_texts, offline_config, write_shards
 
 ROUND_ROWS = 50_000  # rows per Ray dataset of `squant embed --ray` (see embed_file_on_ray)
@@ -76,7 +76,7 @@ class SquantEmbedder:
         max_batch_tokens: int = OFFLINE_BATCH_TOKENS,
         attention: Attention = "auto",
     ) -> None:
-        from ..serve.loading import engine_for
+        from ..engine.loading import engine_for
 
         cores = cores or _ray_cpus() or len(os.sched_getaffinity(0))
         pinned, self._lock = claim_cores(cores)
@@ -153,7 +153,7 @@ def embed_file_on_ray(
     except ImportError:
         raise SquantError("--ray needs the ray extra: pip install 'squant[ray]'") from None
     from ..checkpoint.sentence_transformer import sentence_settings
-    from ..serve.loading import truncation_stated
+    from ..engine.loading import truncation_stated
 
     model = str(Path(model).resolve())
     st = sentence_settings(Path(pooling_from or model))

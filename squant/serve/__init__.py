@@ -1,6 +1,5 @@
-"""`squant serve`: an encoder server on squant's engine (optional extra: squant[serve]).
+"""`squant serve`: HTTP on squant's engine (squant.engine), optional extra squant[serve].
 
-From the bottom up: config (ServeConfig), batching (admission and the length-bucketed
-queue, pure Python), executor (what runs a padded batch: here, or in a model process),
-engine (tokenization and the pinned workers), loading (any model directory to an engine),
-app / front_door / server (HTTP), ray_app (the same engine as a Ray Serve deployment)."""
+listen (where the server listens), app (the routes: TEI, OpenAI, metrics), front_door and
+header_deadline (bounds on what a client may send), fast_path, error_body, server (uvicorn),
+ray_app (the same app as Ray Serve replicas)."""

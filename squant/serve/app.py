@@ -46,11 +46,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 
 from ..data import Text
+from ..engine.batching import Admission, DeadlineExceededError, OverloadedError
+from ..engine.engine import Engine
 from ..errors import SquantError
 from ..quant.mappings import hf_config
 from ..quant.record import record_of
-from .batching import Admission, DeadlineExceededError, OverloadedError
-from .engine import Engine
 from .error_body import error_body
 from .fast_path import FastRoute
 from .front_door import FrontDoor

@@ -28,7 +28,7 @@ import time
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
-from .engine import Engine
+from ..engine.engine import Engine
 from .error_body import error_body
 
 Scope = dict[str, Any]

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..engine.config import ServeConfig
 from ..errors import SquantError, first_line
 from ..runtime.placement import allowed_cores, core_slots, pin_current_thread
-from .config import ServeConfig
 
 if TYPE_CHECKING:
     from .app import HttpConfig
@@ -80,8 +80,8 @@ def application(
         from ray import serve
     except ImportError:
         raise SquantError("--ray needs the ray extra: pip install 'squant[ray]'") from None
+    from ..engine.loading import truncation_stated
     from .app import HttpConfig
-    from .loading import truncation_stated
 
     model = str(Path(model).resolve())
     http = http or HttpConfig(model_name=Path(model).name)
@@ -92,9 +92,9 @@ def application(
     cores_per_replica = layout.cores()
 
     def build_app() -> Any:  # runs inside each replica
+        from ..engine.loading import engine_for
+        from ..engine.process_memory import freeze_startup_objects
         from .app import create_app
-        from .loading import engine_for
-        from .process_memory import freeze_startup_objects
 
         rank = serve.get_replica_context().rank
         local_rank = int(getattr(rank, "local_rank", rank))

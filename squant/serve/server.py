@@ -8,13 +8,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+from ..engine.engine import Engine
+from ..engine.process_memory import freeze_startup_objects
 from ..errors import SquantError, first_line
 from ..runtime.placement import front_end_cores, pin_front_end
 from .app import HttpConfig, create_app
-from .engine import Engine
 from .header_deadline import header_deadline_protocol
 from .listen import ListenConfig
-from .process_memory import freeze_startup_objects
 
 
 def serve_http(

@@ -100,9 +100,9 @@ class ServeConfig:
     # burst's level. A saturated queue never runs empty, so it costs nothing there. 0: off.
     trim_interval_s: float = 5.0
     buckets: tuple[int, ...] = BUCKETS
-    # what runs the batches of a model loaded from a directory (serve/runtime.py): "auto"
+    # what runs the batches of a model loaded from a directory (engine/runtime.py): "auto"
     # runs a quantized directory's AOTInductor package (built on the first start and cached,
-    # serve/package_cache.py; compiled instead when none can be built), compiles a model
+    # engine/package_cache.py; compiled instead when none can be built), compiles a model
     # quantized at start-up, and runs float checkpoints eagerly; "eager", "package" and
     # "compiled" force one. Compiling adds 1-2 minutes to every start.
     runtime: Runtime = "auto"
@@ -111,7 +111,7 @@ class ServeConfig:
     # differently: real MiniLM, 200 inputs, two servers agreed only to cosine 0.99877 (each
     # >= 0.9964 vs FP32). Name one where replicas must return identical vectors.
     attention: Attention = "auto"
-    # run the model in a child process of its own (serve/model_process.py): the HTTP front
+    # run the model in a child process of its own (engine/model_process.py): the HTTP front
     # end, JSON and tokenization then never hold the GIL the model's forward takes back for
     # moments, which cost the model ~11% of its speed beside a busy front end. Pays where the
     # front end has cores of its own; costs a second process (~MB in docs/serving.md).

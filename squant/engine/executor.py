@@ -4,7 +4,7 @@ An executor takes one padded batch (numpy token ids, attention mask, segment ids
 its rows: pooled embeddings or a head's logits [batch, dim], or with per_token the last
 hidden state [batch, width, dim]. The engine (admission, the bucketed queue, the workers)
 calls it and knows nothing else of the model. LocalExecutor runs the batch in this process;
-serve.model_process.ModelProcess runs it in a child process that holds the model."""
+engine.model_process.ModelProcess runs it in a child process that holds the model."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """What runs a served model's batches: the model eagerly, its AOTInductor package (built once
-per model directory and cached: serve/package_cache.py), or squant.compile's executable with
+per model directory and cached: engine/package_cache.py), or squant.compile's executable with
 dynamic shapes (one graph for every length bucket and batch size, and one for batch 1, which
 dynamo specializes apart). Shared by `squant serve`, `squant embed` and their Ray forms.
 "auto" serves a squant-quantized directory from its cached package (compiling when no package
@@ -66,7 +66,7 @@ def check_inputs(model: nn.Module, tokenizer: Any) -> dict[str, torch.Tensor]:
 def packaged_model(
     model_dir: Path, model: nn.Module, tokenizer: Any, threads: int, instances: int, required: bool
 ) -> nn.Module | None:
-    """The quantized directory's model as its cached package (serve/package_cache.py), run by
+    """The quantized directory's model as its cached package (engine/package_cache.py), run by
     `instances` threads of `threads` cores each; None when that failed and is not `required`
     (a warning says why); a SquantError when it is."""
     from .package_cache import cached_package

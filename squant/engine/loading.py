@@ -50,7 +50,7 @@ def engine_for(
     """An Engine (not started) for the model directory at `path`. calib: texts to quantize a
     float checkpoint with at start-up (static INT8, squant's defaults; the report is kept as
     engine.quantize_report); without it a float checkpoint is served in FP32.
-    config.runtime decides whether the model is compiled first (serve/runtime.py)."""
+    config.runtime decides whether the model is compiled first (engine/runtime.py)."""
     from ..checkpoint.models import load_tokenizer
     from ..checkpoint.source import source_kind
     from .local_engine import local_engine

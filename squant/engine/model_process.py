@@ -147,7 +147,7 @@ def _answer(engine: Any, index: int, conn: Connection) -> None:
 class ModelProcess:
     """A child process holding the model (see the module docstring). Callable from any number
     of threads at once: each call takes a free instance's pipe, so at most `instances` batches
-    run at a time, each on its own cores. The engine's executor (serve.executor) when the
+    run at a time, each on its own cores. The engine's executor (engine.executor) when the
     model lives in a child."""
 
     in_process = False  # the engine's workers only wait on its pipes

@@ -2,7 +2,7 @@
 directory from `squant export` (its AOTInductor package), a directory from `squant quantize` /
 `squant.save` (a sentence-transformers one serves its inner model with its own pooling), or a
 float Hugging Face checkpoint (quantized at start-up with calib, else served in FP32).
-serve/loading.py chooses between this and a model process; the model process builds its
+engine/loading.py chooses between this and a model process; the model process builds its
 engine with this."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def local_engine(
     calib: str | Path | None = None,
 ) -> Engine:
     """An Engine (not started) over the model at `path`, loaded (and compiled, as
-    config.runtime says: serve/runtime.py) in this process."""
+    config.runtime says: engine/runtime.py) in this process."""
     from ..checkpoint.models import load_tokenizer
     from ..checkpoint.source import load_encoder, source_kind
     from ..runtime.export import load_packaged, padded_for_serving
