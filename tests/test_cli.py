@@ -544,3 +544,23 @@ def test_serve_ray_on_a_directory_that_is_no_model_is_one_line_before_ray_starts
     err = capsys.readouterr().err.strip().splitlines()
     assert err and err[-1].startswith("squant serve: error:") and "tokenizer" in err[-1]
     assert not ray.is_initialized()
+
+
+@pytest.mark.compile
+def test_export_quantizes_a_float_checkpoint_first_and_says_so_before_exporting(
+    tiny_checkpoint, calib_jsonl, tmp_path
+):
+    from squant.checkpoint.pipeline import export_checkpoint
+    from squant.runtime.export import ExportConfig
+
+    said: list[str] = []
+    result = export_checkpoint(
+        tiny_checkpoint,
+        tmp_path / "deploy",
+        calib_jsonl,
+        export_config=ExportConfig(batch=1, seq=8),
+        say=said.append,
+    )
+    assert result.package.is_file() and result.package.parent == tmp_path / "deploy"
+    assert result.report is not None and said == result.report.lines()
+    assert result.seconds > 0 and any("cosine" in line for line in said)

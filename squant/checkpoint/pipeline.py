@@ -16,6 +16,7 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -205,3 +206,59 @@ def quantize_checkpoint(
         size_mib={"before": weights_mib(checkpoint)},
     )
     return result
+
+
+@dataclass
+class Exported:
+    package: Path  # the .pt2 inside the deploy directory
+    model_class: str
+    seconds: float  # the export and package build alone
+    report: QuantizeReport | None  # when a float checkpoint was quantized first
+
+
+def export_checkpoint(
+    source: str | Path,
+    out: str | Path,
+    calib: str | Path | None = None,
+    config: SmoothQuantConfig | None = None,
+    settings: CalibrationSettings | None = None,
+    task: str = "auto",
+    export_config: Any = None,
+    overwrite: bool = False,
+    say: Callable[[str], None] | None = None,
+) -> Exported:
+    """A deploy directory (AOTInductor package, manifest, tokenizer) at `out` from a directory
+    written by squant quantize / squant.save, or from a float checkpoint quantized first on
+    the texts in `calib`. A sentence-transformers model exports its inner Hugging Face model
+    (its pooling and normalisation are read from the directory apart). say: gets the
+    quantization report's lines as soon as there is one, before the (longer) export."""
+    from ..files import check_output_dir
+    from ..runtime.export import MANIFEST, ExportConfig, export
+    from .source import load_encoder, source_kind
+
+    given, source = source, Path(source)
+    quantized_dir = source_kind(source) == "quantized"
+    if not quantized_dir:
+        source = models.resolve(given)
+        models.load_config(source)
+        if calib is None:
+            raise SquantError(
+                f"{given} is a float checkpoint: pass --calib TEXTS to quantize it, or "
+                "export a directory written by squant quantize"
+            )
+    check_output_dir(out, MANIFEST, [source], overwrite)
+    report = None
+    if quantized_dir:
+        model, tokenizer = load_encoder(source), models.load_tokenizer(source)
+    else:
+        assert calib is not None
+        result = quantize_checkpoint(source, calib, config, settings, task)
+        model, tokenizer, report = result.encoder, result.tokenizer, result.report
+        if say is not None:
+            for line in report.lines():
+                say(line)
+    t0 = time.perf_counter()
+    package = export(
+        model, out, None, tokenizer, export_config or ExportConfig(), overwrite=overwrite
+    )
+    return Exported(package, type(model).__name__, time.perf_counter() - t0, report)

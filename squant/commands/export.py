@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from ..errors import SquantError
 from .common import (
     add_config_arguments,
     add_dataclass_arguments,
@@ -35,43 +34,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    import time
-    from pathlib import Path
-
-    from ..checkpoint import models
-    from ..checkpoint.pipeline import quantize_checkpoint, weights_mib
-    from ..checkpoint.source import load_encoder, source_kind
-    from ..files import check_output_dir
-    from ..runtime.export import MANIFEST, MAX_BATCH, ExportConfig, export
+    from ..checkpoint.pipeline import export_checkpoint, weights_mib
+    from ..runtime.export import MAX_BATCH, ExportConfig
 
     config: ExportConfig = dataclass_from_args(ExportConfig, args)
-    source = Path(args.source)
-    quantized_dir = source_kind(source) == "quantized"
-    if not quantized_dir:
-        source = models.resolve(args.source)
-        models.load_config(source)
-        if args.calib is None:
-            raise SquantError(
-                f"{args.source} is a float checkpoint: pass --calib TEXTS to quantize it, or "
-                "export a directory written by squant quantize"
-            )
-    check_output_dir(args.out, MANIFEST, [source], args.overwrite)
-    if quantized_dir:
-        model = load_encoder(source)
-        tokenizer = models.load_tokenizer(source)
-    else:
-        qconfig = config_from_args(args)
-        result = quantize_checkpoint(
-            source, args.calib, qconfig, calibration_settings(args), args.task
-        )
-        print(*result.report.lines(), sep="\n")
-        model, tokenizer = result.encoder, result.tokenizer
-    before = weights_mib(source)
-    t0 = time.perf_counter()
-    package = export(model, args.out, None, tokenizer, config, overwrite=args.overwrite)
+    result = export_checkpoint(
+        args.source,
+        args.out,
+        args.calib,
+        config_from_args(args),
+        calibration_settings(args),
+        args.task,
+        config,
+        args.overwrite,
+        say=print,
+    )
     batch = f"1..{MAX_BATCH}" if args.dynamic_batch else args.batch
     shape = f"{batch} x {'2..max' if args.dynamic_seq else args.seq}"
+    before = weights_mib(args.source) if result.report is None else result.report.size_mib["before"]
     print(
-        f"exported {type(model).__name__} for [{shape}] in {time.perf_counter() - t0:.0f} s -> "
-        f"{package} ({weights_mib(package.parent):.1f} MiB; weights before {before:.1f} MiB)"
+        f"exported {result.model_class} for [{shape}] in {result.seconds:.0f} s -> "
+        f"{result.package} ({weights_mib(result.package.parent):.1f} MiB; weights before "
+        f"{before:.1f} MiB)"
     )
