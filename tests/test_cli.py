@@ -562,5 +562,6 @@ def test_export_quantizes_a_float_checkpoint_first_and_says_so_before_exporting(
         say=said.append,
     )
     assert result.package.is_file() and result.package.parent == tmp_path / "deploy"
+    assert result.source.resolve() == tiny_checkpoint.resolve()
     assert result.report is not None and said == result.report.lines()
     assert result.seconds > 0 and said[0].startswith("quantized ")

@@ -210,6 +210,7 @@ def quantize_checkpoint(
 
 @dataclass
 class Exported:
+    source: Path  # the model directory exported (a Hub id resolved to its local copy)
     package: Path  # the .pt2 inside the deploy directory
     model_class: str
     seconds: float  # the export and package build alone
@@ -261,4 +262,4 @@ def export_checkpoint(
     package = export(
         model, out, None, tokenizer, export_config or ExportConfig(), overwrite=overwrite
     )
-    return Exported(package, type(model).__name__, time.perf_counter() - t0, report)
+    return Exported(source, package, type(model).__name__, time.perf_counter() - t0, report)

@@ -51,9 +51,8 @@ def run(args: argparse.Namespace) -> None:
     )
     batch = f"1..{MAX_BATCH}" if args.dynamic_batch else args.batch
     shape = f"{batch} x {'2..max' if args.dynamic_seq else args.seq}"
-    before = weights_mib(args.source) if result.report is None else result.report.size_mib["before"]
     print(
         f"exported {result.model_class} for [{shape}] in {result.seconds:.0f} s -> "
         f"{result.package} ({weights_mib(result.package.parent):.1f} MiB; weights before "
-        f"{before:.1f} MiB)"
+        f"{weights_mib(result.source):.1f} MiB)"
     )
