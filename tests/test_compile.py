@@ -321,3 +321,73 @@ def test_outlier_share_fuses_along_the_output_channels():
         body = code.split(f"{name} = async_compile.cpp_pybinding")[1].split("''')")[0]
         assert "transpose_mxn" not in body
         assert "tmpbuf" not in body  # the per-lane gather inductor emits for strided loads
+
+
+def test_guards_on_the_frozen_model_are_dropped_and_those_on_the_call_kept():
+    from torch._dynamo.source import (
+        AttrSource,
+        DictGetItemSource,
+        GlobalSource,
+        LocalSource,
+    )
+
+    from squant.runtime.guards import guards_on_frozen_model
+
+    model = LocalSource("self", is_input=True)
+    kwargs = LocalSource("kwargs", is_input=True, is_varkw=True)
+    assert guards_on_frozen_model(AttrSource(AttrSource(model, "config"), "is_causal"))
+    assert guards_on_frozen_model(GlobalSource("__import_squant_dot_quant_dot_int8"))
+    assert guards_on_frozen_model(LocalSource("func", is_derefed_cell_contents=True))
+    assert not guards_on_frozen_model(DictGetItemSource(kwargs, "input_ids"))
+    assert not guards_on_frozen_model(LocalSource("hidden_states"))  # a resumed frame's local
+    assert not guards_on_frozen_model(None)  # global state (grad mode, ...)
+
+
+def test_compiled_model_checks_only_its_call_arguments_and_still_follows_them(
+    bert_static, monkeypatch
+):
+    """The compiled model drops dynamo's guards on itself (frozen) but a new sequence length
+    and a new keyword still get a graph of their own, with the right outputs."""
+    import squant.runtime.compiler as compiler_module
+    from squant.runtime.guards import keep_call_guards
+
+    seen: list[tuple[str, bool]] = []
+
+    def recording(entries):
+        keep = keep_call_guards(entries)
+        seen.extend((e.guard_type, k) for e, k in zip(entries, keep, strict=True))
+        return keep
+
+    monkeypatch.setattr(compiler_module, "keep_call_guards", recording)
+    _, q = bert_static
+    compiled = squant.compile(q, CompileConfig(float_dtype="fp32"))
+    short, longer = token_batches(n=1, seed=4)[0], token_batches(n=1, seed=5, seq=20)[0]
+    assert short["input_ids"].shape != longer["input_ids"].shape
+    for inputs in (short, longer, short):
+        with torch.no_grad():
+            ref = q(**inputs).last_hidden_state
+        assert cosine(ref, compiled(**inputs).last_hidden_state) > 0.9999
+    with torch.no_grad():
+        out = compiled(**short, output_hidden_states=True)
+    assert out.hidden_states is not None and len(out.hidden_states) == LAYERS + 1
+    dropped = [kind for kind, kept in seen if not kept]
+    assert len(dropped) > 10 * len([1 for _, kept in seen if kept])  # most guards were on it
+    assert ("TENSOR_MATCH", True) in seen  # the inputs' shapes are still checked
+    assert ("GRAD_MODE", True) in seen
+
+
+def test_two_compiled_copies_of_one_architecture_answer_with_their_own_weights():
+    """Both models' graphs live on the one forward code of their class: each must still run
+    its own frozen weights (the guard on which model is calling stays)."""
+    inputs = token_batches(n=1, seed=4)[0]
+    compiled, references = [], []
+    for seed in (0, 1):
+        model = tiny_model("bert", seed=seed, outliers=True)
+        q = squant.quantize(model, squant.SmoothQuantConfig(), token_batches(), progress=False)
+        with torch.no_grad():
+            references.append(q(**inputs).last_hidden_state)
+        compiled.append(squant.compile(q, CompileConfig(float_dtype="fp32")))
+    assert cosine(references[0], references[1]) < 0.99  # two different models
+    for _ in range(2):
+        for model, reference in zip(compiled, references, strict=True):
+            assert cosine(reference, model(**inputs).last_hidden_state) > 0.9999

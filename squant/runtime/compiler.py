@@ -10,6 +10,8 @@
   eager, in FP32 otherwise; int8 GEMMs are unaffected.
 - The compiled model is checked against the eager model it came from on example inputs, and
   refused (SquantError) if the outputs disagree.
+- Before each call dynamo checks only the call's arguments, global state and which model is
+  calling, not the ~1,200 attributes of the frozen model (guards.py).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from ..quant.attention import (
 from ..quant.mappings import hf_config
 from ..quant.qlinear import QuantLinear
 from ..quant.record import QuantizationRecord, record_of
+from .guards import keep_call_guards
 from .outputs import first_tensor
 from .timing import measure
 
@@ -181,7 +184,9 @@ class CompiledEncoder(nn.Module):
             # at -O1: one -O3 build of both took most of a big model's compile (bert-large
             # dynamic: 46 s of 104 s); real MiniLM ran at the same speed either way
             self.options["cpp_wrapper_build_separate"] = True
-        self._compiled = torch.compile(model, dynamic=config.dynamic, options=self.options)
+        # only guards on the call's arguments and global state: the model is frozen (guards.py)
+        compile_options = {**self.options, "guard_filter_fn": keep_call_guards}
+        self._compiled = torch.compile(model, dynamic=config.dynamic, options=compile_options)
         self.selection: dict[str, Any] = {}
         self.check_cosine: float | None = None
         self.sealed = False
