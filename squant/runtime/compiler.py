@@ -154,7 +154,21 @@ def cast_float_parts(model: nn.Module, dtype: torch.dtype) -> nn.Module:
     return model
 
 
+def _needs_float32(out: Any) -> bool:
+    if isinstance(out, Tensor):
+        return out.is_floating_point() and out.dtype != torch.float32
+    if isinstance(out, Mapping):
+        return any(_needs_float32(v) for v in out.values())
+    if isinstance(out, tuple):
+        return any(_needs_float32(v) for v in out)
+    return False
+
+
 def _to_float32(out: Any) -> Any:
+    # an output already in float32 (FP32 float parts) is returned as it is: rebuilding a
+    # transformers ModelOutput costs ~20 us a call
+    if not _needs_float32(out):
+        return out
     if isinstance(out, Tensor):
         return out.float() if out.is_floating_point() else out
     if isinstance(out, Mapping):  # transformers ModelOutput keeps its type
