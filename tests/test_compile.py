@@ -391,3 +391,20 @@ def test_two_compiled_copies_of_one_architecture_answer_with_their_own_weights()
     for _ in range(2):
         for model, reference in zip(compiled, references, strict=True):
             assert cosine(reference, model(**inputs).last_hidden_state) > 0.9999
+
+
+def test_dynamic_gelu_runs_once_per_element():
+    """Dynamic FFN-in: the GELU after the per-token dequant is computed once and stored, not
+    recomputed by each kernel that reads it (the FFN-out input's absmax, its quantization, its
+    outlier channels): one vectorized erf in one kernel per layer, no scalar erf."""
+    model = tiny_model("bert", outliers=True)
+    config = squant.SmoothQuantConfig(mode="dynamic")
+    q = squant.quantize(model, config, token_batches(), progress=False)
+    inputs = token_batches(n=1, seed=4)[0]
+    _, out, code = _compiled_code(q, inputs, CompileConfig(float_dtype="fp32"))
+    kernels = re.split(r"async_compile\.cpp_pybinding\(", code)
+    erfs = [k.count(".erf()") for k in kernels]
+    assert sorted(e for e in erfs if e) == [1] * LAYERS
+    assert "std::erf" not in code
+    with torch.no_grad():
+        assert cosine(q(**inputs).last_hidden_state, out.last_hidden_state) > 0.9999

@@ -257,6 +257,8 @@ class QuantLinear(nn.Module):
                 y = y + self.bias
             y = add_outliers(y, x2, self.outlier_index, self.outlier_weight)
             y = int8.apply_activation(y, self.activation).to(x.dtype)
+            if self.activation != "none":
+                y = int8.stored(y)
         return y.reshape(*shape[:-1], self.out_features)
 
     def dequantized_weight(self) -> Tensor:
