@@ -121,6 +121,7 @@ VARIANTS = {
     "squant-static": squant_variant("static-compiled"),
     "squant-dynamic": squant_variant("dynamic-compiled"),
     "squant-static-pt2": squant_variant("static-pt2"),
+    "squant-dynamic-pt2": squant_variant("dynamic-pt2"),
     "squant-static-2x1": squant_instances("static-compiled", 2, 1),
     "squant-dynamic-2x1": squant_instances("dynamic-compiled", 2, 1),
     "squant-static-pt2-2x1": squant_instances("static-pt2", 2, 1),
@@ -142,6 +143,7 @@ VARIANTS = {
     "ort-int8-dynamic": onnxruntime_int8.setup,
 }
 INT8 = {"torchao-sq-static", "pt2e-static", "squant-static", "squant-dynamic", "squant-static-pt2"}
+INT8 |= {"squant-dynamic-pt2"}
 INT8 |= {"squant-static-2x1", "squant-dynamic-2x1", "squant-static-pt2-2x1"}
 INT8 |= {"squant-static-cpp-wrapper", "squant-dynamic-cpp-wrapper"}
 INT8 |= {"squant-static-float-attention", "squant-dynamic-float-attention"}
