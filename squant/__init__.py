@@ -3,7 +3,7 @@
 The package is layered, each layer importing only itself and those listed before it
 (tests/test_imports.py holds it to that):
     errors, files, hardware, data, cache, provenance, version   the shared low layer
-    kernels      squant's C++ kernels (INT8 attention, the GIL-free package runner)
+    kernels      squant's C++ kernels (INT8 linear and attention, the GIL-free package runner)
     quant        the quantization core (layouts, SmoothQuant, INT8 linears and attention)
     runtime      compile, export (.pt2), shapes, outputs, timing, core placement
     checkpoint   loading, saving, sentence-transformers, the public quantize

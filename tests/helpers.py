@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
@@ -122,3 +123,20 @@ def error_of(response: Any) -> tuple[str, str]:
     if isinstance(body["error"], dict):
         return body["error"]["message"], body["error"]["code"]
     return body["error"], body["error_type"]
+
+
+# An int8 GEMM call in inductor's Python wrapper, on either kernel QuantLinear runs (squant's
+# own where it runs, else oneDNN's; squant.int8.gemm_kernel).
+INT8_GEMM_CALL = r"torch\.ops\.(?:onednn\.qlinear_pointwise|squant\.int8_linear)\.\w+\("
+# ... and one whose epilogue applies exact GELU
+GELU_GEMM_CALL = r"(?:'gelu', \[None\], 'none'\)|squant\.int8_linear\.\w+\([^\n]*'gelu', torch\.)"
+# ... and one without a bias tensor (squant's bias is its 7th argument)
+UNBIASED_GEMM_CALL = r"squant\.int8_linear\.\w+\((?:[^,()]+,\s*){6}None"
+
+
+def int8_gemm_calls(code: str) -> list[str]:
+    return re.findall(INT8_GEMM_CALL, code)
+
+
+def gelu_gemm_calls(code: str) -> list[str]:
+    return re.findall(GELU_GEMM_CALL, code)

@@ -9,7 +9,15 @@ from torch._inductor.utils import run_and_get_code
 
 import squant
 from squant.runtime.compiler import CompileConfig
-from tests.helpers import cosine, last_hidden, tiny_model, token_batches
+from tests.helpers import (
+    UNBIASED_GEMM_CALL,
+    cosine,
+    gelu_gemm_calls,
+    int8_gemm_calls,
+    last_hidden,
+    tiny_model,
+    token_batches,
+)
 
 LAYERS = 2
 
@@ -42,10 +50,10 @@ def test_default_static_graph_keeps_every_gemm_int8():
     q = squant.quantize(model, squant.SmoothQuantConfig(), token_batches(), progress=False)
     inputs = token_batches(n=1, seed=4)[0]
     _, _, code = _compiled_code(q, inputs, CompileConfig(float_dtype="fp32"))
-    assert len(re.findall(r"torch\.ops\.onednn\.qlinear_pointwise\.\w+\(", code)) == 4 * LAYERS
+    assert len(int8_gemm_calls(code)) == 4 * LAYERS
     float_gemms = re.findall(r"(extern_kernels\.(?:mm|addmm)|mkldnn\._linear_pointwise)\(", code)
     assert len(float_gemms) <= 1
-    assert len(re.findall(r"'gelu', \[None\], 'none'\)", code)) == LAYERS
+    assert len(gelu_gemm_calls(code)) == LAYERS
 
 
 @pytest.mark.parametrize("float_dtype", ["fp32", "bf16"])
@@ -53,16 +61,17 @@ def test_static_graph_runs_only_int8_gemms_with_fused_quantize(bert_static, floa
     _, q = bert_static
     inputs = token_batches(n=1, seed=4)[0]
     _, _, code = _compiled_code(q, inputs, CompileConfig(float_dtype=float_dtype))
-    calls = re.findall(r"torch\.ops\.onednn\.qlinear_pointwise\.\w+\(", code)
+    calls = int8_gemm_calls(code)
     assert len(calls) == 4 * LAYERS  # fused QKV, attn out, FFN in, FFN out per layer
     # no float GEMM for any quantized linear: the only float linear left is the pooler (one
     # row per sequence, kept in float on purpose), which inductor may also inline
     float_gemms = re.findall(r"(extern_kernels\.(?:mm|addmm)|mkldnn\._linear_pointwise)\(", code)
     assert len(float_gemms) <= 1
     # dequant scale and bias run inside the int8 GEMM: every call gets a bias tensor
-    assert "'none', [None]" in code
+    assert "'none', [None]" in code or "squant.int8_linear" in code
+    assert not re.search(UNBIASED_GEMM_CALL, code)
     # GELU runs in the FFN-in GEMM's epilogue, nowhere else
-    assert len(re.findall(r"'gelu', \[None\], 'none'\)", code)) == LAYERS
+    assert len(gelu_gemm_calls(code)) == LAYERS
     kernels = set(re.findall(r"cpp_fused_\w+", code))
     assert not {k for k in kernels if "gelu" in k}
     # every activation-quantize step is fused into the kernel that produces its input
@@ -231,9 +240,9 @@ def test_the_guard_reads_real_tokens_not_padding():
 
 
 def test_cpp_wrapper_calls_the_int8_kernels_from_cpp_and_runs_in_two_threads(bert_static):
-    """cpp_wrapper=True: the generated wrapper is C++ (the int8 GEMMs are called through
-    the AOTI C shim, not torch.ops from Python), outputs match eager, and two threads calling
-    the one compiled model at once each get their own right answer."""
+    """cpp_wrapper=True: the generated wrapper is C++ (the int8 GEMMs are called from it,
+    through the AOTI C shim or the dispatcher, not torch.ops from Python), outputs match eager,
+    and two threads calling the one compiled model at once each get their own right answer."""
     import threading
 
     _, q = bert_static
@@ -241,9 +250,11 @@ def test_cpp_wrapper_calls_the_int8_kernels_from_cpp_and_runs_in_two_threads(ber
     config = CompileConfig(float_dtype="fp32", cpp_wrapper=True)
     assert CompileConfig().cpp_wrapper  # the default
     compiled, out, code = _compiled_code(q, inputs, config, python_wrapper=False)
-    assert "qlinear_pointwise" in code
-    assert not re.findall(r"torch\.ops\.onednn\.qlinear_pointwise\.\w+\(", code)  # not Python
-    assert len(re.findall(r"aoti_torch_cpu__qlinear_pointwise\w*\(", code)) >= 4 * LAYERS
+    assert not int8_gemm_calls(code)  # not from Python
+    from_cpp = re.findall(
+        r'aoti_torch_cpu__qlinear_pointwise\w*\(|findSchemaOrThrow\("squant::int8_linear"', code
+    )
+    assert len(from_cpp) >= 4 * LAYERS
     # the wrapper is built apart from the kernels (at -O1): its -O3 build with them was most
     # of a big model's compile time
     assert re.search(r"^kernel_src = \($", code, re.M)

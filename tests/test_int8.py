@@ -1,4 +1,5 @@
-"""Kernel-level checks: oneDNN int8 GEMMs against float math on the dequantized operands."""
+"""Kernel-level checks: the int8 GEMMs (squant's and oneDNN's) against exact integer and float
+math on the dequantized operands."""
 
 import copy
 import pickle
@@ -92,8 +93,107 @@ def _reference_dynamic(q: QuantLinear, x):
     return nn.functional.linear(x_deq, q.dequantized_weight(), q.bias)
 
 
+@pytest.fixture(params=["squant", "onednn"])
+def gemm(request, monkeypatch):
+    """Run the test on each GEMM kernel QuantLinear can use (squant's only where it runs)."""
+    if request.param == "squant" and int8.gemm_kernel(48) != "squant":
+        pytest.skip("squant's int8 GEMM does not run on this CPU")
+    monkeypatch.setenv(int8.GEMM_ENV, request.param)
+    return request.param
+
+
+def _squant_gemm_or_skip() -> None:
+    if int8.gemm_kernel(64) != "squant":
+        pytest.skip("squant's int8 GEMM does not run on this CPU")
+
+
+def _exact_reference(x_q, w_q, x_scale, zp, w_scale, bias, activation):
+    # integer sums are exact in float64 at these sizes; the epilogue in float64
+    y = ((x_q.double() - zp) @ w_q.double().T) * x_scale * w_scale.double() + bias.double()
+    return int8.apply_activation(y, activation)
+
+
+@pytest.mark.parametrize("activation", ["none", "gelu", "gelu_tanh", "relu"])
+@pytest.mark.parametrize("epilogue", ["auto", "scalar"])
+@pytest.mark.parametrize(
+    ("rows", "inputs", "outputs"),
+    [(1, 8, 3), (7, 64, 100), (65, 96, 128), (130, 384, 200)],  # row and column tails
+)
+def test_squant_gemm_matches_exact_integer_math(activation, epilogue, rows, inputs, outputs):
+    """squant's kernel on any shape (rows and outputs not multiples of its 64 x 64 blocks),
+    every activation and both epilogues (the AVX512 one where the CPU has it, and plain C++),
+    against float64 math on the same integers: relative error <= 1e-6 (float32 rounding and
+    the erf approximation's 1.5e-7)."""
+    _squant_gemm_or_skip()
+    g = torch.Generator().manual_seed(rows * 1000 + outputs)
+    x_q = torch.randint(0, 256, (rows, inputs), dtype=torch.uint8, generator=g)
+    w_q = torch.randint(-127, 128, (outputs, inputs), dtype=torch.int8, generator=g)
+    w_scale = torch.rand(outputs, generator=g) * 0.01
+    bias = torch.randn(outputs, generator=g)
+    packed, compensation = int8.pack_weight_blocked(w_q)
+    assert packed.shape == (-(-outputs // 64), inputs // 4, 64, 4)
+    y = torch.ops.squant.int8_linear(
+        x_q, packed, compensation, 0.02, 97, w_scale, bias, outputs, activation, None, epilogue
+    )
+    ref = _exact_reference(x_q, w_q, 0.02, 97, w_scale, bias, activation)
+    assert y.dtype == torch.float32 and y.shape == (rows, outputs)
+    assert float(((y.double() - ref).abs() / (ref.abs() + 1)).max()) < 1e-6
+    y16 = torch.ops.squant.int8_linear(
+        x_q, packed, compensation, 0.02, 97, w_scale, bias, outputs, activation, torch.bfloat16
+    )
+    assert y16.dtype == torch.bfloat16
+    assert float(((y16.double() - ref).abs() / (ref.abs() + 1)).max()) < 2**-8  # bf16 rounding
+
+
+def test_squant_gemm_refuses_bad_operands_with_clear_errors():
+    _squant_gemm_or_skip()
+    w_q = torch.randint(-127, 128, (64, 32), dtype=torch.int8)
+    packed, compensation = int8.pack_weight_blocked(w_q)
+    x_q = torch.randint(0, 256, (4, 32), dtype=torch.uint8)
+    scale = torch.ones(64)
+    op = torch.ops.squant.int8_linear
+    with pytest.raises(RuntimeError, match="x must be uint8"):
+        op(x_q.to(torch.int8), packed, compensation, 1.0, 0, scale, None, 64)
+    with pytest.raises(RuntimeError, match="input features"):
+        op(x_q[:, :16], packed, compensation, 1.0, 0, scale, None, 64)
+    with pytest.raises(RuntimeError, match="unknown activation 'swish'"):
+        op(x_q, packed, compensation, 1.0, 0, scale, None, 64, "swish")
+    assert op(x_q[:0], packed, compensation, 1.0, 0, scale, None, 64).shape == (0, 64)
+
+
+def test_gemm_kernel_choice(monkeypatch):
+    from squant.errors import SquantError
+
+    monkeypatch.setenv(int8.GEMM_ENV, "onednn")
+    assert int8.gemm_kernel(64) == "onednn"
+    monkeypatch.setenv(int8.GEMM_ENV, "mkl")
+    with pytest.raises(SquantError, match="SQUANT_INT8_GEMM must be one of"):
+        int8.gemm_kernel(64)
+    monkeypatch.delenv(int8.GEMM_ENV)
+    assert int8.gemm_kernel(63) == "onednn"  # squant's layout needs inputs in fours
+    q = QuantLinear(63, 8, True, "dynamic")
+    assert q.gemm == "onednn" and q(torch.randn(2, 63)).shape == (2, 8)
+
+
 @pytest.mark.parametrize("mode", ["static", "dynamic"])
-def test_int8_gemm_matches_dequantized_float_reference(mode):
+@pytest.mark.parametrize("activation", ["none", "gelu"])
+def test_both_gemm_kernels_compute_the_same_layer(mode, activation, monkeypatch):
+    """QuantLinear on squant's kernel and on oneDNN's: the same integers, so the same outputs
+    up to float rounding (and the erf approximation in GELU)."""
+    _squant_gemm_or_skip()
+    lin = _smoothed_linear()
+    x = torch.randn(5, 48) * 2
+    rng = (float((x * lin.input_multiplier).min()), float((x * lin.input_multiplier).max()))
+    monkeypatch.setenv(int8.GEMM_ENV, "onednn")
+    q = QuantLinear.from_float(lin, mode, rng if mode == "static" else None, activation)
+    monkeypatch.setenv(int8.GEMM_ENV, "squant")
+    q_squant = copy.deepcopy(q)  # a copy derives its packed weight for this process' kernel
+    assert (q.gemm, q_squant.gemm) == ("onednn", "squant")
+    torch.testing.assert_close(q_squant(x), q(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["static", "dynamic"])
+def test_int8_gemm_matches_dequantized_float_reference(mode, gemm):
     lin = _smoothed_linear()
     x = torch.randn(3, 10, 48) * 2
     rng = (float((x * lin.input_multiplier).min()), float((x * lin.input_multiplier).max()))
@@ -108,7 +208,7 @@ def test_int8_gemm_matches_dequantized_float_reference(mode):
         assert float(nn.functional.cosine_similarity(y.flatten(), lin(x).flatten(), 0)) > 0.999
 
 
-def test_quant_linear_survives_deepcopy_pickle_and_state_dict():
+def test_quant_linear_survives_deepcopy_pickle_and_state_dict(gemm):
     lin = _smoothed_linear()
     q = QuantLinear.from_float(lin, "static", (-3.0, 4.0))
     x = torch.randn(5, 48)
@@ -121,9 +221,13 @@ def test_quant_linear_survives_deepcopy_pickle_and_state_dict():
     assert "packed_weight" not in q.state_dict()
 
 
-def test_int8_gemm_never_runs_a_reference_kernel(tmp_path):
+@pytest.mark.parametrize("kernel", ["onednn", "squant"])
+def test_int8_gemm_never_runs_a_reference_kernel(tmp_path, kernel):
     """On VNNI-only CPUs oneDNN runs s8 x s8 in a reference kernel thousands of times slower;
-    squant's u8 x s8 must get a real (brgemm/jit) implementation. Read oneDNN's verbose log."""
+    squant's u8 x s8 must get a real (brgemm/jit) implementation on either GEMM (oneDNN's
+    matmul, or squant's kernel on oneDNN's brgemm ukernel). Read oneDNN's verbose log."""
+    if kernel == "squant" and int8.gemm_kernel(256) != "squant":
+        pytest.skip("squant's int8 GEMM does not run on this CPU")
     import subprocess
     import sys
     import textwrap
@@ -139,11 +243,17 @@ def test_int8_gemm_never_runs_a_reference_kernel(tmp_path):
             q(torch.randn(64, 256))
         """
     )
-    env = {**__import__("os").environ, "ONEDNN_VERBOSE": "1"}
+    env = {**__import__("os").environ, "ONEDNN_VERBOSE": "1", int8.GEMM_ENV: kernel}
     out = subprocess.run(
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0, out.stderr[-2000:]
+    if kernel == "squant":
+        brgemms = [line for line in out.stdout.splitlines() if "ukernel,exec" in line]
+        assert brgemms, "oneDNN verbose printed no brgemm ukernel call"
+        assert all("src:u8" in line and "wei:s8" in line for line in brgemms)
+        assert "matmul" not in out.stdout
+        return
     matmuls = [line for line in out.stdout.splitlines() if "exec" in line and "matmul" in line]
     assert matmuls, "oneDNN verbose printed no int8 matmul"
     assert all("src:u8" in line for line in matmuls)

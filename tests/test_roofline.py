@@ -115,6 +115,7 @@ def test_tables_have_a_row_per_item():
 
 def test_hotspot_categories():
     assert categorize("onednn::qlinear_pointwise") == "linear"
+    assert categorize("squant::int8_linear") == "linear"
     assert categorize("aten::_scaled_dot_product_flash_attention_for_cpu") == "attention"
     assert categorize("graph_0_cpp_fused__softmax__to_copy_add_3") == "attention"
     assert categorize("squant::int8_attention") == "attention"

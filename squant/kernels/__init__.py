@@ -26,7 +26,7 @@ import torch
 from ..cache import cache_root
 from ..errors import SquantError, first_line
 
-SOURCES = ("int8_attention.cpp", "package_runner.cpp")
+SOURCES = ("int8_attention.cpp", "int8_linear.cpp", "package_runner.cpp")
 LIBRARY_NAME = "squant_kernels"
 # -fno-math-errno: std::lrint becomes one instruction (the vector paths round the same way);
 # -fopenmp: at::parallel_for is a header template over OpenMP pragmas, serial without it
@@ -167,6 +167,22 @@ def _register_fake() -> None:
     ) -> torch.Tensor:
         b, s, w = qkv.shape
         return qkv.new_empty((b, s, w // 3))
+
+    @torch.library.register_fake("squant::int8_linear")
+    def _(
+        x: torch.Tensor,
+        packed_weight: torch.Tensor,
+        compensation: torch.Tensor,
+        x_scale: float,
+        x_zero_point: int,
+        weight_scale: torch.Tensor,
+        bias: torch.Tensor | None,
+        out_features: int,
+        activation: str = "none",
+        out_dtype: torch.dtype | None = None,
+        epilogue: str = "auto",
+    ) -> torch.Tensor:
+        return x.new_empty((x.shape[0], out_features), dtype=out_dtype or torch.float32)
 
 
 def supported_isas() -> tuple[str, ...]:

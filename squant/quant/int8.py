@@ -1,4 +1,4 @@
-"""INT8 arithmetic and the oneDNN kernels it runs on.
+"""INT8 arithmetic and the GEMM kernels it runs on (squant's own, else oneDNN's).
 
 Conventions (every int8 tensor in squant follows them):
 - weights: symmetric per output channel, int8 in [-127, 127], w ≈ w_q * w_scale[:, None];
@@ -12,6 +12,8 @@ Conventions (every int8 tensor in squant follows them):
 from __future__ import annotations
 
 import functools
+import os
+import warnings
 
 import torch
 from torch import Tensor
@@ -147,6 +149,8 @@ def stored(y: Tensor) -> Tensor:
     0.76 ms for static's (GELU inside oneDNN's GEMM). Stored, the whole dynamic model ran
     1.15x faster at 8 x 128 and 1.18x at 1 x 128 (2 threads, AVX512-VNNI Zen 5, interleaved
     rounds); the values are the same. A no-op in eager mode."""
+    if not torch.compiler.is_compiling():
+        return y
     return torch.ops.prims.inductor_force_stride_order(y, y.stride())
 
 
@@ -178,6 +182,79 @@ def int8_linear(
         post_op,
         [],
         algorithm,
+    )
+
+
+GEMM_BLOCK_N = 64  # output columns per block of squant's packed weight (kernels/int8_linear.cpp)
+GEMM_KERNELS = ("squant", "onednn")
+GEMM_ENV = "SQUANT_INT8_GEMM"
+
+
+@functools.cache
+def _squant_gemm_runs() -> bool:
+    """Whether squant's int8 GEMM runs here: its library builds or loads (needs a C++ compiler
+    the first time) and PyTorch's brgemm multiplies u8 by s8 exactly on this CPU."""
+    from .. import kernels
+    from ..errors import SquantError
+
+    try:
+        kernels.load()
+    except SquantError as e:
+        warnings.warn(f"squant's int8 GEMM is unavailable ({e}); using oneDNN's", stacklevel=3)
+        return False
+    return bool(torch.ops.squant.int8_linear_supported())
+
+
+def gemm_kernel(in_features: int) -> str:
+    """Which GEMM a QuantLinear with this many inputs runs: "squant" (kernels/int8_linear.cpp)
+    where it runs and in_features is a multiple of 4 (its packed layout), else "onednn".
+    $SQUANT_INT8_GEMM=onednn forces oneDNN's (to compare the two, or to rule ours out)."""
+    forced = os.environ.get(GEMM_ENV, "")
+    if forced and forced not in GEMM_KERNELS:
+        from ..errors import SquantError
+
+        raise SquantError(f"${GEMM_ENV} must be one of {GEMM_KERNELS}, got {forced!r}")
+    if forced == "onednn" or in_features % 4:
+        return "onednn"
+    return "squant" if _squant_gemm_runs() else "onednn"
+
+
+def pack_weight_blocked(w_q: Tensor) -> tuple[Tensor, Tensor]:
+    """squant's GEMM layout of an int8 [out, in] weight: [out/64, in/4, 64, 4] (4 consecutive
+    inputs of one output next to each other, as the dot-product instruction reads them; out
+    padded to a multiple of 64 with zero rows), and its int32 row sums (the zero-point
+    compensation, one per padded output)."""
+    out_features, in_features = w_q.shape
+    padded = -(-out_features // GEMM_BLOCK_N) * GEMM_BLOCK_N
+    w = torch.zeros(padded, in_features, dtype=torch.int8)
+    w[:out_features] = w_q
+    blocks = w.view(padded // GEMM_BLOCK_N, GEMM_BLOCK_N, in_features // 4, 4)
+    return blocks.permute(0, 2, 1, 3).contiguous(), w.sum(dim=1, dtype=torch.int32)
+
+
+def squant_linear(
+    x_q: Tensor,
+    x_scale: float,
+    x_zero_point: int,
+    packed_weight: Tensor,
+    compensation: Tensor,
+    w_scale: Tensor,
+    bias: Tensor | None,
+    out_dtype: torch.dtype,
+    activation: str = "none",
+) -> Tensor:
+    """int8_linear on squant's kernel: the same product, from pack_weight_blocked's layout."""
+    return torch.ops.squant.int8_linear(
+        x_q,
+        packed_weight,
+        compensation,
+        x_scale,
+        x_zero_point,
+        w_scale,
+        bias,
+        w_scale.numel(),
+        activation,
+        out_dtype,
     )
 
 

@@ -1,6 +1,6 @@
 """QuantLinear: a drop-in nn.Linear with int8 weights and int8 (u8) activations.
 
-Buffers (all saved; the oneDNN-packed weight is derived and never saved):
+Buffers (all saved; the packed weight the GEMM reads is derived and never saved):
     weight            int8 [out, in]    W·s quantized per output row
     weight_scale      f32  [out]
     bias              f32  [out] or absent
@@ -12,7 +12,8 @@ Buffers (all saved; the oneDNN-packed weight is derived and never saved):
 
 static:  x_q = clamp(round(x · (1/s) / input_scale) + zp)     one multiplier per channel
 dynamic: x' = x · (1/s);  x_q = round(x' / scale_t) + 128     scale_t = max|x'_t| / 127
-Both then run one oneDNN u8×s8 GEMM with dequant scale (and, static, bias) applied inside it;
+Both then run one u8×s8 GEMM with dequant scale (and, static, bias) applied inside it, on
+squant's kernel (kernels/int8_linear.cpp) where it runs, else oneDNN's (int8.gemm_kernel);
 with outlier channels, y += x[:, outlier_index] · outlier_weightᵀ (float32) before the activation.
 Under torch.compile the quantize step fuses into the preceding kernel (LayerNorm, GELU, ...).
 """
@@ -101,6 +102,7 @@ class QuantLinear(nn.Module):
     outlier_weight: Tensor | None
     kernel_scale: Tensor | None
     packed_weight: Tensor
+    weight_compensation: Tensor | None
     weight_zero_point: Tensor
     _static_multiplier: Tensor
 
@@ -188,7 +190,13 @@ class QuantLinear(nn.Module):
         requantized = w_k is not self.weight
         self.register_buffer("kernel_weight", w_k if requantized else None, persistent=False)
         self.register_buffer("kernel_scale", s_k if requantized else None, persistent=False)
-        self.register_buffer("packed_weight", int8.pack_weight(w_k), persistent=False)
+        self.gemm = int8.gemm_kernel(self.in_features)
+        if self.gemm == "squant":
+            packed, compensation = int8.pack_weight_blocked(w_k)
+        else:
+            packed, compensation = int8.pack_weight(w_k), None
+        self.register_buffer("packed_weight", packed, persistent=False)
+        self.register_buffer("weight_compensation", compensation, persistent=False)
         self.register_buffer(
             "weight_zero_point",
             torch.zeros(self.out_features, dtype=torch.int32),
@@ -208,11 +216,46 @@ class QuantLinear(nn.Module):
         return 0 if self.outlier_index is None else self.outlier_index.numel()
 
     def _packed(self) -> Tensor:
-        # torch.export cannot carry the opaque packed buffer: exported graphs pack the frozen
-        # int8 weight in-graph and AOTInductor folds that into a constant at build time.
-        if torch.compiler.is_exporting():
+        # torch.export cannot carry oneDNN's opaque packed buffer: exported graphs pack the
+        # frozen int8 weight in-graph and AOTInductor folds that into a constant at build time.
+        # squant's packed weight is a plain tensor and goes in as it is.
+        if self.gemm == "onednn" and torch.compiler.is_exporting():
             return int8.pack_weight(self._kernel_weight()[0])
         return self.packed_weight
+
+    def _gemm(
+        self,
+        x_q: Tensor,
+        x_scale: float,
+        x_zero_point: int,
+        bias: Tensor | None,
+        out_dtype: torch.dtype,
+        activation: str = "none",
+    ) -> Tensor:
+        w_scale = self._kernel_weight()[1]
+        if self.weight_compensation is not None:
+            return int8.squant_linear(
+                x_q,
+                x_scale,
+                x_zero_point,
+                self.packed_weight,
+                self.weight_compensation,
+                w_scale,
+                bias,
+                out_dtype,
+                activation,
+            )
+        return int8.int8_linear(
+            x_q,
+            x_scale,
+            x_zero_point,
+            self._packed(),
+            w_scale,
+            self.weight_zero_point,
+            bias,
+            out_dtype,
+            activation,
+        )
 
     def _kernel_weight(self) -> tuple[Tensor, Tensor]:
         if self.kernel_weight is not None and self.kernel_scale is not None:
@@ -226,13 +269,10 @@ class QuantLinear(nn.Module):
         if self.mode == "static":
             x_q = int8.quantize_static(x2, self._static_multiplier, self._x_zero_point)
             # the activation must follow the outlier channels' share: outside the GEMM then
-            y = int8.int8_linear(
+            y = self._gemm(
                 x_q,
                 self._x_scale,
                 self._x_zero_point,
-                self._packed(),
-                self._kernel_weight()[1],
-                self.weight_zero_point,
                 self.bias,
                 torch.float32 if side else x.dtype,
                 "none" if side else self.activation,
@@ -242,16 +282,7 @@ class QuantLinear(nn.Module):
                 y = int8.apply_activation(y, self.activation).to(x.dtype)
         else:
             x_q, token_scale = int8.quantize_per_token(x2 * self.input_multiplier)
-            y = int8.int8_linear(
-                x_q,
-                1.0,
-                int8.SYMMETRIC_ZP,
-                self._packed(),
-                self._kernel_weight()[1],
-                self.weight_zero_point,
-                None,
-                torch.float32,
-            )
+            y = self._gemm(x_q, 1.0, int8.SYMMETRIC_ZP, None, torch.float32)
             y = y * token_scale
             if self.bias is not None:
                 y = y + self.bias
@@ -277,11 +308,12 @@ class QuantLinear(nn.Module):
             s += f", x_scale={self._x_scale:.4g}, x_zp={self._x_zero_point}"
         return s
 
-    # oneDNN's packed weight is an opaque tensor that cannot be copied or pickled: drop it and
-    # derive it again (deepcopy, pickle, multiprocessing).
+    # oneDNN's packed weight is an opaque tensor that cannot be copied or pickled: drop what
+    # is derived and derive it again (deepcopy, pickle, multiprocessing), for the GEMM of the
+    # process it lands in.
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        derived = ("packed_weight", "kernel_weight", "kernel_scale")
+        derived = ("packed_weight", "weight_compensation", "kernel_weight", "kernel_scale")
         state["_buffers"] = {k: v for k, v in self._buffers.items() if k not in derived}
         return state
 

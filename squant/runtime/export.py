@@ -188,8 +188,8 @@ def _export_into(
         register_squant_attention()
         hf_config(work)._attn_implementation = SQUANT_ATTENTION
     make_prepack_traceable()
-    for m in work.modules():  # the exported graph packs in-graph (see QuantLinear._packed)
-        if isinstance(m, QuantLinear):
+    for m in work.modules():  # oneDNN's weights are packed in-graph (QuantLinear._packed)
+        if isinstance(m, QuantLinear) and m.gemm == "onednn":
             del m._buffers["packed_weight"]
     names = input_names(work)
     ids = example_inputs["input_ids"]
@@ -215,7 +215,9 @@ def _export_into(
             inductor_configs={"freezing": True},
         )
     kernel_library = None
-    if uses_int8_attention(work):
+    if uses_int8_attention(work) or any(
+        isinstance(m, QuantLinear) and m.gemm == "squant" for m in work.modules()
+    ):
         kernel_library = {"file": KERNEL_LIBRARY, "sha256": _ship_kernels(directory)}
     cpu = cpu_features()
     manifest = {

@@ -1,0 +1,305 @@
+// INT8 linear for x86 CPUs: y = act(x_scale·w_scale[n]·Σ_k (x[m,k] - zp)·w[n,k] + bias[n]).
+//
+// Why squant has its own: PyTorch's oneDNN qlinear builds a oneDNN primitive descriptor on
+// every call, ~20-25 us before any arithmetic (2 threads, AVX512-VNNI Zen 5), and a BERT layer
+// makes four such calls. Its opt-in cache (ONEDNN_CACHE_CONTEXT_UNSAFE=1) is keyed by the
+// weight's address alone: a call with another batch or sequence length reuses the primitive
+// built for the first shape, and two threads share one argument list. This kernel keeps no
+// per-call state at all: the micro-kernel is oneDNN's brgemm, reached through PyTorch's
+// at::native::cpublas::brgemm (which caches the generated code per block shape), and the
+// blocking, the zero-point compensation and the epilogue (scales, bias, activation, output
+// dtype) are here.
+//
+// Layout of the packed weight (pack_weight in quant/int8.py): [N/64][K/4][64][4] int8, the
+// "VNNI" layout whose 4 consecutive k of one output column feed one vpdpbusd lane; N padded
+// to a multiple of 64 with zero columns, K a multiple of 4. compensation[n] = Σ_k w[n,k],
+// subtracted zp times from each u8 sum (the activations are u8 with a zero point).
+//
+// Work is split into 64-row x 64-column output blocks over the OpenMP team; each block is one
+// brgemm call over the whole K into an int32 tile on the stack, then the epilogue writes the
+// tile's rows. The epilogue has an AVX512 path (chosen at run time by cpuid) and a plain C++
+// one; exact GELU uses erf(x) ≈ 1 - (a1·t + ... + a5·t⁵)·exp(-x²), t = 1/(1 + p·|x|)
+// (Abramowitz & Stegun 7.1.26, |error| < 1.5e-7, the formula oneDNN's own GELU post-op uses).
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/native/CPUBlas.h>
+#include <torch/library.h>
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+namespace squant_kernels {
+namespace {
+
+constexpr int64_t kBlockN = 64;  // output columns per packed block (4 AVX512 vectors)
+constexpr int64_t kBlockM = 64;  // output rows per brgemm call
+
+enum class Act { none, gelu, gelu_tanh, relu };
+
+Act parse_activation(const std::string& name) {
+  if (name == "none") return Act::none;
+  if (name == "gelu") return Act::gelu;
+  if (name == "gelu_tanh") return Act::gelu_tanh;
+  if (name == "relu") return Act::relu;
+  TORCH_CHECK(false, "squant::int8_linear: unknown activation '", name,
+              "' (supported: none, gelu, gelu_tanh, relu)");
+}
+
+constexpr float kErfP = 0.3275911f;
+constexpr float kErfA1 = 0.254829592f, kErfA2 = -0.284496736f, kErfA3 = 1.421413741f,
+                kErfA4 = -1.453152027f, kErfA5 = 1.061405429f;
+
+inline float activate(float v, Act act) {
+  switch (act) {
+    case Act::none:
+      return v;
+    case Act::relu:
+      return v > 0.f ? v : 0.f;
+    case Act::gelu:
+      return 0.5f * v * (1.f + std::erf(v * 0.70710678118654752f));
+    case Act::gelu_tanh: {
+      const float u = 0.7978845608028654f * (v + 0.044715f * v * v * v);
+      return 0.5f * v * (1.f + std::tanh(u));
+    }
+  }
+  return v;
+}
+
+struct Epilogue {
+  const int32_t* compensation;  // [N padded]
+  const float* w_scale;         // [N]
+  const float* bias;            // [N] or null
+  float x_scale;
+  int32_t x_zero_point;
+  Act act;
+};
+
+template <typename Out>
+inline void store(Out* out, float v) {
+  *out = static_cast<Out>(v);
+}
+
+// Plain C++: any CPU, and the reference the AVX512 path must agree with.
+template <typename Out>
+void epilogue_scalar(const int32_t* acc, int64_t rows, int64_t cols, int64_t n0,
+                     const Epilogue& e, Out* out, int64_t ld_out) {
+  for (int64_t i = 0; i < rows; ++i) {
+    Out* row = out + i * ld_out;
+    for (int64_t j = 0; j < cols; ++j) {
+      const int64_t n = n0 + j;
+      const int32_t sum = acc[i * kBlockN + j] - e.x_zero_point * e.compensation[n];
+      float v = static_cast<float>(sum) * (e.x_scale * e.w_scale[n]);
+      if (e.bias) v += e.bias[n];
+      store(row + j, activate(v, e.act));
+    }
+  }
+}
+
+#define SQ_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
+
+// exp(x) for x in [-88, 88]: x = n·ln2 + r, |r| <= ln2/2, e^r by a degree-6 polynomial,
+// times 2^n (scalef: exact, and 0 below the float range).
+SQ_AVX512 inline __m512 exp512(__m512 x) {
+  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.f)), _mm512_set1_ps(-88.f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.f / 720.f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, n);
+}
+
+SQ_AVX512 inline __m512 activate512(__m512 v, Act act) {
+  const __m512 half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.f);
+  switch (act) {
+    case Act::none:
+      return v;
+    case Act::relu:
+      return _mm512_max_ps(v, _mm512_setzero_ps());
+    case Act::gelu: {
+      const __m512 x = _mm512_mul_ps(v, _mm512_set1_ps(0.70710678118654752f));
+      const __m512 ax = _mm512_abs_ps(x);
+      const __m512 t = _mm512_div_ps(one, _mm512_fmadd_ps(_mm512_set1_ps(kErfP), ax, one));
+      __m512 poly = _mm512_set1_ps(kErfA5);
+      poly = _mm512_fmadd_ps(poly, t, _mm512_set1_ps(kErfA4));
+      poly = _mm512_fmadd_ps(poly, t, _mm512_set1_ps(kErfA3));
+      poly = _mm512_fmadd_ps(poly, t, _mm512_set1_ps(kErfA2));
+      poly = _mm512_fmadd_ps(poly, t, _mm512_set1_ps(kErfA1));
+      poly = _mm512_mul_ps(poly, t);
+      const __m512 e = exp512(_mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), ax), ax));
+      __m512 erf_abs = _mm512_fnmadd_ps(poly, e, one);  // erf(|x|)
+      // erf(x) = sign(x) · erf(|x|): copy x's sign bit onto it
+      const __m512 sign = _mm512_and_ps(x, _mm512_set1_ps(-0.f));
+      const __m512 erf = _mm512_or_ps(erf_abs, sign);
+      return _mm512_mul_ps(_mm512_mul_ps(half, v), _mm512_add_ps(one, erf));
+    }
+    case Act::gelu_tanh: {
+      const __m512 v3 = _mm512_mul_ps(_mm512_mul_ps(v, v), v);
+      const __m512 u = _mm512_mul_ps(_mm512_set1_ps(0.7978845608028654f),
+                                     _mm512_fmadd_ps(_mm512_set1_ps(0.044715f), v3, v));
+      // tanh(u) = 1 - 2 / (e^{2u} + 1)
+      const __m512 e2 = exp512(_mm512_add_ps(u, u));
+      const __m512 th = _mm512_sub_ps(one, _mm512_div_ps(_mm512_set1_ps(2.f), _mm512_add_ps(e2, one)));
+      return _mm512_mul_ps(_mm512_mul_ps(half, v), _mm512_add_ps(one, th));
+    }
+  }
+  return v;
+}
+
+SQ_AVX512 void epilogue_avx512(const int32_t* acc, int64_t rows, int64_t cols, int64_t n0,
+                               const Epilogue& e, float* out, int64_t ld_out) {
+  const __m512i zp = _mm512_set1_epi32(e.x_zero_point);
+  for (int64_t j = 0; j < cols; j += 16) {
+    const __mmask16 mask = cols - j >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (cols - j)) - 1);
+    const int64_t n = n0 + j;
+    const __m512i comp = _mm512_mullo_epi32(zp, _mm512_loadu_si512(e.compensation + n));
+    const __m512 scale = _mm512_mul_ps(_mm512_set1_ps(e.x_scale),
+                                       _mm512_maskz_loadu_ps(mask, e.w_scale + n));
+    const __m512 bias = e.bias ? _mm512_maskz_loadu_ps(mask, e.bias + n) : _mm512_setzero_ps();
+    for (int64_t i = 0; i < rows; ++i) {
+      const __m512i sum = _mm512_sub_epi32(_mm512_loadu_si512(acc + i * kBlockN + j), comp);
+      const __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), scale, bias);
+      _mm512_mask_storeu_ps(out + i * ld_out + j, mask, activate512(v, e.act));
+    }
+  }
+}
+
+bool cpu_has_avx512() {
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+}
+
+template <typename Out>
+void run(const at::Tensor& x, const at::Tensor& packed, const Epilogue& e, at::Tensor& out,
+         bool vector_epilogue) {
+  const int64_t M = x.size(0), K = x.size(1), N = out.size(1);
+  const int64_t n_blocks = packed.size(0), m_blocks = (M + kBlockM - 1) / kBlockM;
+  const uint8_t* a = x.data_ptr<uint8_t>();
+  const int8_t* b = packed.data_ptr<int8_t>();
+  Out* y = out.data_ptr<Out>();
+  at::parallel_for(0, m_blocks * n_blocks, 1, [&](int64_t begin, int64_t end) {
+    alignas(64) int32_t acc[kBlockM * kBlockN];
+    for (int64_t task = begin; task < end; ++task) {
+      // consecutive tasks share the row block: its activations stay in cache
+      const int64_t mb = task / n_blocks, nb = task % n_blocks;
+      const int64_t m0 = mb * kBlockM, rows = std::min(kBlockM, M - m0);
+      const int64_t n0 = nb * kBlockN, cols = std::min(kBlockN, N - n0);
+      at::native::cpublas::brgemm(rows, kBlockN, K, K, kBlockN, kBlockN, false, a + m0 * K,
+                                  b + nb * K * kBlockN, acc, true);
+      Out* dst = y + m0 * N + n0;
+      if constexpr (std::is_same_v<Out, float>) {
+        if (vector_epilogue) {
+          epilogue_avx512(acc, rows, cols, n0, e, dst, N);
+          continue;
+        }
+      }
+      epilogue_scalar(acc, rows, cols, n0, e, dst, N);
+    }
+    at::native::cpublas::brgemm_release(true);
+  });
+}
+
+at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed_weight,
+                       const at::Tensor& compensation, double x_scale, int64_t x_zero_point,
+                       const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias,
+                       int64_t out_features, const std::string& activation,
+                       std::optional<at::ScalarType> out_dtype, const std::string& epilogue) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kByte,
+              "squant::int8_linear: x must be uint8 [tokens, in], got ", x.scalar_type(), " ",
+              x.sizes());
+  TORCH_CHECK(packed_weight.dim() == 4 && packed_weight.scalar_type() == at::kChar &&
+                  packed_weight.size(2) == kBlockN && packed_weight.size(3) == 4,
+              "squant::int8_linear: packed_weight must be int8 [N/64, K/4, 64, 4], got ",
+              packed_weight.sizes());
+  const int64_t M = x.size(0), K = x.size(1);
+  TORCH_CHECK(packed_weight.size(1) * 4 == K, "squant::int8_linear: x has ", K,
+              " input features, the packed weight ", packed_weight.size(1) * 4);
+  TORCH_CHECK(out_features > 0 && out_features <= packed_weight.size(0) * kBlockN,
+              "squant::int8_linear: out_features ", out_features, " does not fit the packed weight");
+  TORCH_CHECK(compensation.scalar_type() == at::kInt &&
+                  compensation.numel() == packed_weight.size(0) * kBlockN,
+              "squant::int8_linear: compensation must be int32 [N padded to 64]");
+  TORCH_CHECK(weight_scale.scalar_type() == at::kFloat && weight_scale.numel() == out_features,
+              "squant::int8_linear: weight_scale must be float32 [out_features]");
+  if (bias) {
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->numel() == out_features,
+                "squant::int8_linear: bias must be float32 [out_features]");
+  }
+  const at::ScalarType dtype = out_dtype.value_or(at::kFloat);
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16,
+              "squant::int8_linear: out_dtype must be float32 or bfloat16");
+  TORCH_CHECK(epilogue == "auto" || epilogue == "avx512" || epilogue == "scalar",
+              "squant::int8_linear: epilogue must be auto, avx512 or scalar");
+  const bool vector_epilogue = epilogue != "scalar" && cpu_has_avx512();
+  TORCH_CHECK(epilogue != "avx512" || vector_epilogue,
+              "squant::int8_linear: this CPU has no AVX512 for the vector epilogue");
+
+  const at::Tensor xc = x.contiguous(), pc = packed_weight.contiguous(),
+                   cc = compensation.contiguous(), sc = weight_scale.contiguous();
+  at::Tensor bc;
+  if (bias) bc = bias->contiguous();
+  at::Tensor out = at::empty({M, out_features}, x.options().dtype(dtype));
+  if (M == 0) return out;
+  const Epilogue e{cc.data_ptr<int32_t>(), sc.data_ptr<float>(),
+                   bias ? bc.data_ptr<float>() : nullptr, static_cast<float>(x_scale),
+                   static_cast<int32_t>(x_zero_point), parse_activation(activation)};
+  if (dtype == at::kFloat) {
+    run<float>(xc, pc, e, out, vector_epilogue);
+  } else {
+    run<at::BFloat16>(xc, pc, e, out, false);
+  }
+  return out;
+}
+
+// Whether at::native::cpublas::brgemm runs u8 x s8 exactly on this CPU (oneDNN's ukernel has
+// no path for every ISA): one small product of near-extreme values, checked against the exact
+// sum, so a path that adds pairs of products in saturating 16 bits (vpmaddubsw) fails it.
+bool int8_linear_supported() {
+  static const bool supported = [] {
+    try {
+      constexpr int64_t M = 2, K = 8;
+      alignas(64) uint8_t a[M * K];
+      alignas(64) int8_t b[(K / 4) * kBlockN * 4];
+      alignas(64) int32_t c[M * kBlockN];
+      for (int64_t i = 0; i < M * K; ++i) a[i] = static_cast<uint8_t>(255 - i % 3);
+      for (int64_t i = 0; i < (K / 4) * kBlockN * 4; ++i) b[i] = static_cast<int8_t>(127 - i % 5);
+      at::native::cpublas::brgemm(M, kBlockN, K, K, kBlockN, kBlockN, false, a, b, c, true);
+      at::native::cpublas::brgemm_release(true);
+      for (int64_t m = 0; m < M; ++m) {
+        for (int64_t n = 0; n < kBlockN; ++n) {
+          int32_t want = 0;
+          for (int64_t k = 0; k < K; ++k) want += a[m * K + k] * b[((k / 4) * kBlockN + n) * 4 + k % 4];
+          if (c[m * kBlockN + n] != want) return false;
+        }
+      }
+      return true;
+    } catch (const std::exception&) {
+      return false;
+    }
+  }();
+  return supported;
+}
+
+}  // namespace
+}  // namespace squant_kernels
+
+TORCH_LIBRARY_FRAGMENT(squant, m) {
+  m.def(
+      "int8_linear(Tensor x, Tensor packed_weight, Tensor compensation, float x_scale, "
+      "int x_zero_point, Tensor weight_scale, Tensor? bias, int out_features, "
+      "str activation=\"none\", ScalarType? out_dtype=None, str epilogue=\"auto\") -> Tensor");
+  m.def("int8_linear_supported() -> bool", &squant_kernels::int8_linear_supported);
+}
+
+TORCH_LIBRARY_IMPL(squant, CPU, m) { m.impl("int8_linear", &squant_kernels::int8_linear); }
