@@ -8,6 +8,8 @@ import torch
 from torch._inductor.utils import run_and_get_code
 
 import squant
+from squant import int8
+from squant.quant.qlinear import QuantLinear
 from squant.runtime.compiler import CompileConfig
 from tests.helpers import (
     UNBIASED_GEMM_CALL,
@@ -317,10 +319,23 @@ def test_compile_records_the_guard_it_applied(bert_static):
     assert compiled.check_cosine is not None and compiled.check_cosine >= applied
 
 
-def test_outlier_share_fuses_along_the_output_channels():
-    """The float outlier channels' share (FFN-out, static default) joins the residual +
-    LayerNorm kernel vectorized over output channels: no tile transposes, no gathers per
-    token (laid out the other way, that kernel took 3x as long on MiniLM at 8 x 128)."""
+@pytest.fixture
+def onednn_gemm(monkeypatch):
+    """QuantLinear on oneDNN's qlinear (the kernel where squant's own does not run)."""
+    monkeypatch.setenv(int8.GEMM_ENV, "onednn")
+
+
+@pytest.fixture
+def squant_gemm():
+    if int8.gemm_kernel(64) != "squant":
+        pytest.skip("squant's int8 GEMM does not run on this CPU")
+
+
+def test_outlier_share_fuses_along_the_output_channels(onednn_gemm):
+    """oneDNN GEMM: the float outlier channels' share (FFN-out, static default) joins the
+    residual + LayerNorm kernel vectorized over output channels: no tile transposes, no
+    gathers per token (laid out the other way, that kernel took 3x as long on MiniLM at
+    8 x 128)."""
     model = tiny_model("bert", outliers=True)
     q = squant.quantize(model, squant.SmoothQuantConfig(), token_batches(), progress=False)
     assert any(m.outlier_index is not None for m in q.modules() if hasattr(m, "outlier_index"))
@@ -404,10 +419,11 @@ def test_two_compiled_copies_of_one_architecture_answer_with_their_own_weights()
             assert cosine(reference, model(**inputs).last_hidden_state) > 0.9999
 
 
-def test_dynamic_gelu_runs_once_per_element():
-    """Dynamic FFN-in: the GELU after the per-token dequant is computed once and stored, not
-    recomputed by each kernel that reads it (the FFN-out input's absmax, its quantization, its
-    outlier channels): one vectorized erf in one kernel per layer, no scalar erf."""
+def test_dynamic_gelu_runs_once_per_element(onednn_gemm):
+    """oneDNN GEMM, dynamic FFN-in: the GELU after the per-token dequant is computed once and
+    stored, not recomputed by each kernel that reads it (the FFN-out input's absmax, its
+    quantization, its outlier channels): one vectorized erf in one kernel per layer, no
+    scalar erf."""
     model = tiny_model("bert", outliers=True)
     config = squant.SmoothQuantConfig(mode="dynamic")
     q = squant.quantize(model, config, token_batches(), progress=False)
@@ -417,5 +433,35 @@ def test_dynamic_gelu_runs_once_per_element():
     erfs = [k.count(".erf()") for k in kernels]
     assert sorted(e for e in erfs if e) == [1] * LAYERS
     assert "std::erf" not in code
+    with torch.no_grad():
+        assert cosine(q(**inputs).last_hidden_state, out.last_hidden_state) > 0.9999
+
+
+@pytest.mark.parametrize("mode", ["static", "dynamic"])
+def test_squant_gemm_takes_the_whole_epilogue(squant_gemm, mode):
+    """squant's GEMM: each quantized linear is one call whose epilogue applies the per-token
+    scale (dynamic), bias, the float outlier channels' share and GELU. Inductor's kernels
+    compute no erf and no outlier sum; each layer with outlier channels hands the GEMM its
+    float side input."""
+    model = tiny_model("bert", outliers=True)
+    config = squant.SmoothQuantConfig(mode=mode, outlier_sites=("qkv", "ffn_in", "ffn_out"))
+    q = squant.quantize(model, config, token_batches(), progress=False)
+    linears = [m for m in q.modules() if isinstance(m, QuantLinear)]
+    with_outliers = sum(1 for m in linears if m.outliers)
+    per_token = sum(1 for m in linears if m.mode == "dynamic")  # static's default: 2 per layer
+    assert with_outliers >= LAYERS and per_token >= 2 * LAYERS
+    inputs = token_batches(n=1, seed=4)[0]
+    _, out, code = _compiled_code(q, inputs, CompileConfig(float_dtype="fp32"))
+    calls = re.findall(r"torch\.ops\.squant\.int8_linear\.default\(([^\n]*)\)", code)
+    assert len(calls) == 4 * LAYERS and not re.findall(r"onednn\.qlinear_pointwise", code)
+    assert ".erf()" not in code and "std::erf" not in code
+    assert len(gelu_gemm_calls(code)) == LAYERS
+    # the last three arguments before `epilogue`: row_scale, side_x, side_w (inductor names
+    # the trailing ones when they are None: "side_x=None")
+    tails = [
+        [a.split("=")[-1] for a in re.split(r",\s*", c.split(", epilogue=")[0])[-3:]] for c in calls
+    ]
+    assert sum(1 for t in tails if t[1] != "None" and t[2] != "None") == with_outliers
+    assert sum(1 for t in tails if t[0] != "None") == per_token
     with torch.no_grad():
         assert cosine(q(**inputs).last_hidden_state, out.last_hidden_state) > 0.9999

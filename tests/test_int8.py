@@ -133,7 +133,7 @@ def test_squant_gemm_matches_exact_integer_math(activation, epilogue, rows, inpu
     packed, compensation = int8.pack_weight_blocked(w_q)
     assert packed.shape == (-(-outputs // 64), inputs // 4, 64, 4)
     y = torch.ops.squant.int8_linear(
-        x_q, packed, compensation, 0.02, 97, w_scale, bias, outputs, activation, None, epilogue
+        x_q, packed, compensation, 0.02, 97, w_scale, bias, outputs, activation, epilogue=epilogue
     )
     ref = _exact_reference(x_q, w_q, 0.02, 97, w_scale, bias, activation)
     assert y.dtype == torch.float32 and y.shape == (rows, outputs)
@@ -143,6 +143,36 @@ def test_squant_gemm_matches_exact_integer_math(activation, epilogue, rows, inpu
     )
     assert y16.dtype == torch.bfloat16
     assert float(((y16.double() - ref).abs() / (ref.abs() + 1)).max()) < 2**-8  # bf16 rounding
+
+
+@pytest.mark.parametrize("epilogue", ["auto", "scalar"])
+@pytest.mark.parametrize("activation", ["none", "gelu"])
+def test_squant_gemm_epilogue_applies_row_scales_and_the_float_side_product(epilogue, activation):
+    """The dynamic-mode epilogue: one scale per row (per-token) and a float side product
+    (outlier channels) added before the activation, on a 70-column tail block."""
+    _squant_gemm_or_skip()
+    g = torch.Generator().manual_seed(7)
+    rows, inputs, outputs, side = 37, 96, 70, 3
+    x_q = torch.randint(0, 256, (rows, inputs), dtype=torch.uint8, generator=g)
+    w_q = torch.randint(-127, 128, (outputs, inputs), dtype=torch.int8, generator=g)
+    w_scale = torch.rand(outputs, generator=g) * 0.01
+    bias = torch.randn(outputs, generator=g)
+    row_scale = torch.rand(rows, 1, generator=g) + 0.1
+    side_x = torch.randn(rows, side, generator=g) * 5
+    side_w = torch.randn(side, outputs, generator=g)
+    packed, compensation = int8.pack_weight_blocked(w_q)
+    y = torch.ops.squant.int8_linear(
+        x_q, packed, compensation, 1.0, 128, w_scale, bias, outputs, activation,
+        row_scale=row_scale, side_x=side_x, side_w=side_w, epilogue=epilogue,
+    )  # fmt: skip
+    pre = ((x_q.double() - 128) @ w_q.double().T) * row_scale.double() * w_scale.double()
+    ref = int8.apply_activation(pre + bias.double() + side_x.double() @ side_w.double(), activation)
+    # float32 rounding of terms larger than their sum (cancellation): a few float32 ulps
+    assert float(((y.double() - ref).abs() / (ref.abs() + 1)).max()) < 4e-6
+    with pytest.raises(RuntimeError, match="side_x and side_w come together"):
+        torch.ops.squant.int8_linear(
+            x_q, packed, compensation, 1.0, 128, w_scale, bias, outputs, side_x=side_x
+        )
 
 
 def test_squant_gemm_refuses_bad_operands_with_clear_errors():
@@ -173,6 +203,40 @@ def test_gemm_kernel_choice(monkeypatch):
     assert int8.gemm_kernel(63) == "onednn"  # squant's layout needs inputs in fours
     q = QuantLinear(63, 8, True, "dynamic")
     assert q.gemm == "onednn" and q(torch.randn(2, 63)).shape == (2, 8)
+
+
+@pytest.mark.parametrize("isa", ["AVX2", "AVX512_CORE"])
+def test_without_vnni_the_layer_runs_onednn(isa):
+    """Where PyTorch's brgemm cannot multiply u8 x s8 exactly (no VNNI: here oneDNN is held
+    to an older ISA, as on an AVX2-only CPU) squant's kernel is not chosen, and the layer runs
+    oneDNN's qlinear, matching float math on the dequantized operands."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        """
+        import torch
+        from torch import nn
+        from squant import int8
+        from squant.quant.qlinear import QuantLinear, SmoothedLinear
+        # what squant does on a CPU without VNNI (its cpuid check sees this one's VNNI)
+        int8.kernel_weight_qmax = lambda: int8.QMAX_W_NO_VNNI
+        lin = SmoothedLinear.from_linear(nn.Linear(64, 32), torch.ones(64))
+        q = QuantLinear.from_float(lin, "dynamic")
+        x = torch.randn(5, 64)
+        x_q, scale = int8.quantize_per_token(x)
+        ref = nn.functional.linear((x_q.float() - 128) * scale, q.dequantized_weight(), q.bias)
+        torch.testing.assert_close(q(x), ref, rtol=1e-5, atol=1e-5)
+        print(q.gemm, torch.ops.squant.int8_linear_supported())
+        """
+    )
+    env = {**__import__("os").environ, "ONEDNN_MAX_CPU_ISA": isa}
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-2:] == ["onednn", "False"]
 
 
 @pytest.mark.parametrize("mode", ["static", "dynamic"])

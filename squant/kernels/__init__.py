@@ -180,6 +180,9 @@ def _register_fake() -> None:
         out_features: int,
         activation: str = "none",
         out_dtype: torch.dtype | None = None,
+        row_scale: torch.Tensor | None = None,
+        side_x: torch.Tensor | None = None,
+        side_w: torch.Tensor | None = None,
         epilogue: str = "auto",
     ) -> torch.Tensor:
         return x.new_empty((x.shape[0], out_features), dtype=out_dtype or torch.float32)

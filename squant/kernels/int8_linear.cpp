@@ -1,16 +1,20 @@
-// INT8 linear for x86 CPUs: y = act(x_scale·w_scale[n]·Σ_k (x[m,k] - zp)·w[n,k] + bias[n]).
+// INT8 linear for x86 CPUs:
+//   y[m,n] = act(x_scale·row_scale[m]·w_scale[n]·Σ_k (x[m,k] - zp)·w[n,k] + bias[n]
+//                + Σ_j side_x[m,j]·side_w[j,n])
+// row_scale (optional): the per-token scale of dynamically quantized inputs. side_x/side_w
+// (optional): a few input channels kept in float beside the int8 product (outlier channels),
+// added before the activation, so their layer is still one call.
 //
 // Why squant has its own: PyTorch's oneDNN qlinear builds a oneDNN primitive descriptor on
 // every call, ~20-25 us before any arithmetic (2 threads, AVX512-VNNI Zen 5), and a BERT layer
 // makes four such calls. Its opt-in cache (ONEDNN_CACHE_CONTEXT_UNSAFE=1) is keyed by the
-// weight's address alone: a call with another batch or sequence length reuses the primitive
-// built for the first shape, and two threads share one argument list. This kernel keeps no
-// per-call state at all: the micro-kernel is oneDNN's brgemm, reached through PyTorch's
-// at::native::cpublas::brgemm (which caches the generated code per block shape), and the
-// blocking, the zero-point compensation and the epilogue (scales, bias, activation, output
-// dtype) are here.
+// weight's address alone, with one argument list per weight shared by every calling thread.
+// This kernel keeps no per-call state at all: the micro-kernel is oneDNN's brgemm, reached
+// through PyTorch's at::native::cpublas::brgemm (which caches the generated code per block
+// shape); the blocking, the zero-point compensation and the epilogue (scales, bias,
+// activation, output dtype) are here.
 //
-// Layout of the packed weight (pack_weight in quant/int8.py): [N/64][K/4][64][4] int8, the
+// Layout of the packed weight (pack_weight_blocked in quant/int8.py): [N/64][K/4][64][4] int8, the
 // "VNNI" layout whose 4 consecutive k of one output column feed one vpdpbusd lane; N padded
 // to a multiple of 64 with zero columns, K a multiple of 4. compensation[n] = Σ_k w[n,k],
 // subtracted zp times from each u8 sum (the activations are u8 with a zero point).
@@ -74,6 +78,10 @@ struct Epilogue {
   const int32_t* compensation;  // [N padded]
   const float* w_scale;         // [N]
   const float* bias;            // [N] or null
+  const float* row_scale;       // [M] or null
+  const float* side_x;          // [M, side] or null
+  const float* side_w;          // [side, N] or null
+  int64_t side;
   float x_scale;
   int32_t x_zero_point;
   Act act;
@@ -86,15 +94,18 @@ inline void store(Out* out, float v) {
 
 // Plain C++: any CPU, and the reference the AVX512 path must agree with.
 template <typename Out>
-void epilogue_scalar(const int32_t* acc, int64_t rows, int64_t cols, int64_t n0,
-                     const Epilogue& e, Out* out, int64_t ld_out) {
+void epilogue_scalar(const int32_t* acc, int64_t rows, int64_t m0, int64_t cols, int64_t n0,
+                     int64_t N, const Epilogue& e, Out* out) {
   for (int64_t i = 0; i < rows; ++i) {
-    Out* row = out + i * ld_out;
+    const int64_t m = m0 + i;
+    Out* row = out + i * N;
+    const float x_scale = e.row_scale ? e.x_scale * e.row_scale[m] : e.x_scale;
     for (int64_t j = 0; j < cols; ++j) {
       const int64_t n = n0 + j;
       const int32_t sum = acc[i * kBlockN + j] - e.x_zero_point * e.compensation[n];
-      float v = static_cast<float>(sum) * (e.x_scale * e.w_scale[n]);
+      float v = static_cast<float>(sum) * (x_scale * e.w_scale[n]);
       if (e.bias) v += e.bias[n];
+      for (int64_t c = 0; c < e.side; ++c) v += e.side_x[m * e.side + c] * e.side_w[c * N + n];
       store(row + j, activate(v, e.act));
     }
   }
@@ -157,8 +168,8 @@ SQ_AVX512 inline __m512 activate512(__m512 v, Act act) {
   return v;
 }
 
-SQ_AVX512 void epilogue_avx512(const int32_t* acc, int64_t rows, int64_t cols, int64_t n0,
-                               const Epilogue& e, float* out, int64_t ld_out) {
+SQ_AVX512 void epilogue_avx512(const int32_t* acc, int64_t rows, int64_t m0, int64_t cols,
+                               int64_t n0, int64_t N, const Epilogue& e, float* out) {
   const __m512i zp = _mm512_set1_epi32(e.x_zero_point);
   for (int64_t j = 0; j < cols; j += 16) {
     const __mmask16 mask = cols - j >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (cols - j)) - 1);
@@ -168,9 +179,16 @@ SQ_AVX512 void epilogue_avx512(const int32_t* acc, int64_t rows, int64_t cols, i
                                        _mm512_maskz_loadu_ps(mask, e.w_scale + n));
     const __m512 bias = e.bias ? _mm512_maskz_loadu_ps(mask, e.bias + n) : _mm512_setzero_ps();
     for (int64_t i = 0; i < rows; ++i) {
+      const int64_t m = m0 + i;
       const __m512i sum = _mm512_sub_epi32(_mm512_loadu_si512(acc + i * kBlockN + j), comp);
-      const __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), scale, bias);
-      _mm512_mask_storeu_ps(out + i * ld_out + j, mask, activate512(v, e.act));
+      const __m512 row_scale =
+          e.row_scale ? _mm512_mul_ps(scale, _mm512_set1_ps(e.row_scale[m])) : scale;
+      __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), row_scale, bias);
+      for (int64_t c = 0; c < e.side; ++c) {
+        v = _mm512_fmadd_ps(_mm512_set1_ps(e.side_x[m * e.side + c]),
+                            _mm512_maskz_loadu_ps(mask, e.side_w + c * N + n), v);
+      }
+      _mm512_mask_storeu_ps(out + i * N + j, mask, activate512(v, e.act));
     }
   }
 }
@@ -200,11 +218,11 @@ void run(const at::Tensor& x, const at::Tensor& packed, const Epilogue& e, at::T
       Out* dst = y + m0 * N + n0;
       if constexpr (std::is_same_v<Out, float>) {
         if (vector_epilogue) {
-          epilogue_avx512(acc, rows, cols, n0, e, dst, N);
+          epilogue_avx512(acc, rows, m0, cols, n0, N, e, dst);
           continue;
         }
       }
-      epilogue_scalar(acc, rows, cols, n0, e, dst, N);
+      epilogue_scalar(acc, rows, m0, cols, n0, N, e, dst);
     }
     at::native::cpublas::brgemm_release(true);
   });
@@ -214,7 +232,10 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed_weight,
                        const at::Tensor& compensation, double x_scale, int64_t x_zero_point,
                        const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias,
                        int64_t out_features, const std::string& activation,
-                       std::optional<at::ScalarType> out_dtype, const std::string& epilogue) {
+                       std::optional<at::ScalarType> out_dtype,
+                       const std::optional<at::Tensor>& row_scale,
+                       const std::optional<at::Tensor>& side_x,
+                       const std::optional<at::Tensor>& side_w, const std::string& epilogue) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kByte,
               "squant::int8_linear: x must be uint8 [tokens, in], got ", x.scalar_type(), " ",
               x.sizes());
@@ -236,6 +257,22 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed_weight,
     TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->numel() == out_features,
                 "squant::int8_linear: bias must be float32 [out_features]");
   }
+  if (row_scale) {
+    TORCH_CHECK(row_scale->scalar_type() == at::kFloat && row_scale->numel() == M,
+                "squant::int8_linear: row_scale must be float32 with one value per row of x");
+  }
+  TORCH_CHECK(side_x.has_value() == side_w.has_value(),
+              "squant::int8_linear: side_x and side_w come together");
+  int64_t side = 0;
+  if (side_x) {
+    side = side_x->dim() == 2 ? side_x->size(1) : -1;
+    TORCH_CHECK(side_x->scalar_type() == at::kFloat && side_x->dim() == 2 &&
+                    side_x->size(0) == M,
+                "squant::int8_linear: side_x must be float32 [rows of x, channels]");
+    TORCH_CHECK(side_w->scalar_type() == at::kFloat && side_w->dim() == 2 &&
+                    side_w->size(0) == side && side_w->size(1) == out_features,
+                "squant::int8_linear: side_w must be float32 [channels, out_features]");
+  }
   const at::ScalarType dtype = out_dtype.value_or(at::kFloat);
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16,
               "squant::int8_linear: out_dtype must be float32 or bfloat16");
@@ -247,13 +284,25 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed_weight,
 
   const at::Tensor xc = x.contiguous(), pc = packed_weight.contiguous(),
                    cc = compensation.contiguous(), sc = weight_scale.contiguous();
-  at::Tensor bc;
+  at::Tensor bc, rc, xc_side, wc_side;
   if (bias) bc = bias->contiguous();
+  if (row_scale) rc = row_scale->contiguous();
+  if (side_x) {
+    xc_side = side_x->contiguous();
+    wc_side = side_w->contiguous();
+  }
   at::Tensor out = at::empty({M, out_features}, x.options().dtype(dtype));
   if (M == 0) return out;
-  const Epilogue e{cc.data_ptr<int32_t>(), sc.data_ptr<float>(),
-                   bias ? bc.data_ptr<float>() : nullptr, static_cast<float>(x_scale),
-                   static_cast<int32_t>(x_zero_point), parse_activation(activation)};
+  const Epilogue e{cc.data_ptr<int32_t>(),
+                   sc.data_ptr<float>(),
+                   bias ? bc.data_ptr<float>() : nullptr,
+                   row_scale ? rc.data_ptr<float>() : nullptr,
+                   side_x ? xc_side.data_ptr<float>() : nullptr,
+                   side_x ? wc_side.data_ptr<float>() : nullptr,
+                   side,
+                   static_cast<float>(x_scale),
+                   static_cast<int32_t>(x_zero_point),
+                   parse_activation(activation)};
   if (dtype == at::kFloat) {
     run<float>(xc, pc, e, out, vector_epilogue);
   } else {
@@ -298,7 +347,8 @@ TORCH_LIBRARY_FRAGMENT(squant, m) {
   m.def(
       "int8_linear(Tensor x, Tensor packed_weight, Tensor compensation, float x_scale, "
       "int x_zero_point, Tensor weight_scale, Tensor? bias, int out_features, "
-      "str activation=\"none\", ScalarType? out_dtype=None, str epilogue=\"auto\") -> Tensor");
+      "str activation=\"none\", ScalarType? out_dtype=None, Tensor? row_scale=None, "
+      "Tensor? side_x=None, Tensor? side_w=None, str epilogue=\"auto\") -> Tensor");
   m.def("int8_linear_supported() -> bool", &squant_kernels::int8_linear_supported);
 }
 

@@ -242,8 +242,14 @@ def squant_linear(
     bias: Tensor | None,
     out_dtype: torch.dtype,
     activation: str = "none",
+    row_scale: Tensor | None = None,
+    side_x: Tensor | None = None,
+    side_w: Tensor | None = None,
 ) -> Tensor:
-    """int8_linear on squant's kernel: the same product, from pack_weight_blocked's layout."""
+    """int8_linear on squant's kernel, from pack_weight_blocked's layout; its epilogue can
+    also apply a scale per row (row_scale [T], the per-token scale of dynamic inputs) and add
+    a float side product side_x [T, k] · side_w [k, out] (outlier channels), both before the
+    activation."""
     return torch.ops.squant.int8_linear(
         x_q,
         packed_weight,
@@ -255,6 +261,9 @@ def squant_linear(
         w_scale.numel(),
         activation,
         out_dtype,
+        row_scale,
+        side_x,
+        side_w,
     )
 
 

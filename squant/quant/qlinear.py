@@ -12,9 +12,11 @@ Buffers (all saved; the packed weight the GEMM reads is derived and never saved)
 
 static:  x_q = clamp(round(x · (1/s) / input_scale) + zp)     one multiplier per channel
 dynamic: x' = x · (1/s);  x_q = round(x' / scale_t) + 128     scale_t = max|x'_t| / 127
-Both then run one u8×s8 GEMM with dequant scale (and, static, bias) applied inside it, on
-squant's kernel (kernels/int8_linear.cpp) where it runs, else oneDNN's (int8.gemm_kernel);
-with outlier channels, y += x[:, outlier_index] · outlier_weightᵀ (float32) before the activation.
+Both then run one u8×s8 GEMM. On squant's kernel (kernels/int8_linear.cpp, where it runs:
+int8.gemm_kernel) its epilogue does everything after the integer sums: dequant scale, the
+per-token scale (dynamic), bias, the outlier channels' share y += x[:, outlier_index] ·
+outlier_weightᵀ (float32) and the activation. On oneDNN's qlinear the dequant scale and
+(static) bias run inside it, and the rest in elementwise code after it.
 Under torch.compile the quantize step fuses into the preceding kernel (LayerNorm, GELU, ...).
 """
 
@@ -223,40 +225,6 @@ class QuantLinear(nn.Module):
             return int8.pack_weight(self._kernel_weight()[0])
         return self.packed_weight
 
-    def _gemm(
-        self,
-        x_q: Tensor,
-        x_scale: float,
-        x_zero_point: int,
-        bias: Tensor | None,
-        out_dtype: torch.dtype,
-        activation: str = "none",
-    ) -> Tensor:
-        w_scale = self._kernel_weight()[1]
-        if self.weight_compensation is not None:
-            return int8.squant_linear(
-                x_q,
-                x_scale,
-                x_zero_point,
-                self.packed_weight,
-                self.weight_compensation,
-                w_scale,
-                bias,
-                out_dtype,
-                activation,
-            )
-        return int8.int8_linear(
-            x_q,
-            x_scale,
-            x_zero_point,
-            self._packed(),
-            w_scale,
-            self.weight_zero_point,
-            bias,
-            out_dtype,
-            activation,
-        )
-
     def _kernel_weight(self) -> tuple[Tensor, Tensor]:
         if self.kernel_weight is not None and self.kernel_scale is not None:
             return self.kernel_weight, self.kernel_scale
@@ -265,32 +233,76 @@ class QuantLinear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)
+        if self.weight_compensation is not None:
+            y = self._forward_squant(x2, x.dtype)
+        else:
+            y = self._forward_onednn(x2, x.dtype)
+        return y.reshape(*shape[:-1], self.out_features)
+
+    def _forward_squant(self, x2: Tensor, dtype: torch.dtype) -> Tensor:
+        # One call does it all: the per-token scale (dynamic), bias, the outlier channels'
+        # float share and the activation run in the GEMM's epilogue.
+        assert self.weight_compensation is not None
+        side_x = side_w = None
+        if self.outlier_index is not None and self.outlier_weight is not None:
+            side_x = x2.index_select(-1, self.outlier_index).float()
+            side_w = self.outlier_weight.t().contiguous()
+        if self.mode == "static":
+            x_q = int8.quantize_static(x2, self._static_multiplier, self._x_zero_point)
+            x_scale, x_zero_point, row_scale = self._x_scale, self._x_zero_point, None
+        else:
+            x_q, row_scale = int8.quantize_per_token(x2 * self.input_multiplier)
+            x_scale, x_zero_point = 1.0, int8.SYMMETRIC_ZP
+        out_dtype = dtype if dtype in (torch.float32, torch.bfloat16) else torch.float32
+        y = int8.squant_linear(
+            x_q,
+            x_scale,
+            x_zero_point,
+            self.packed_weight,
+            self.weight_compensation,
+            self._kernel_weight()[1],
+            self.bias,
+            out_dtype,
+            self.activation,
+            row_scale=row_scale,
+            side_x=side_x,
+            side_w=side_w,
+        )
+        return y.to(dtype)
+
+    def _forward_onednn(self, x2: Tensor, dtype: torch.dtype) -> Tensor:
         side = self.outlier_index is not None
+        w_scale, w_zp = self._kernel_weight()[1], self.weight_zero_point
         if self.mode == "static":
             x_q = int8.quantize_static(x2, self._static_multiplier, self._x_zero_point)
             # the activation must follow the outlier channels' share: outside the GEMM then
-            y = self._gemm(
+            y = int8.int8_linear(
                 x_q,
                 self._x_scale,
                 self._x_zero_point,
+                self._packed(),
+                w_scale,
+                w_zp,
                 self.bias,
-                torch.float32 if side else x.dtype,
+                torch.float32 if side else dtype,
                 "none" if side else self.activation,
             )
             if side:
                 y = add_outliers(y, x2, self.outlier_index, self.outlier_weight)
-                y = int8.apply_activation(y, self.activation).to(x.dtype)
-        else:
-            x_q, token_scale = int8.quantize_per_token(x2 * self.input_multiplier)
-            y = self._gemm(x_q, 1.0, int8.SYMMETRIC_ZP, None, torch.float32)
-            y = y * token_scale
-            if self.bias is not None:
-                y = y + self.bias
-            y = add_outliers(y, x2, self.outlier_index, self.outlier_weight)
-            y = int8.apply_activation(y, self.activation).to(x.dtype)
-            if self.activation != "none":
-                y = int8.stored(y)
-        return y.reshape(*shape[:-1], self.out_features)
+                y = int8.apply_activation(y, self.activation).to(dtype)
+            return y
+        x_q, token_scale = int8.quantize_per_token(x2 * self.input_multiplier)
+        y = int8.int8_linear(
+            x_q, 1.0, int8.SYMMETRIC_ZP, self._packed(), w_scale, w_zp, None, torch.float32
+        )
+        y = y * token_scale
+        if self.bias is not None:
+            y = y + self.bias
+        y = add_outliers(y, x2, self.outlier_index, self.outlier_weight)
+        y = int8.apply_activation(y, self.activation).to(dtype)
+        if self.activation != "none":
+            y = int8.stored(y)
+        return y
 
     def dequantized_weight(self) -> Tensor:
         """The float weight the int8 GEMM effectively applies to the *smoothed* input."""
