@@ -324,3 +324,43 @@ def test_int8_gemm_never_runs_a_reference_kernel(tmp_path, kernel):
     impls = {f[f.index("matmul") + 1] for f in (line.split(",") for line in matmuls)}
     assert impls
     assert not {i for i in impls if i.startswith("ref") or "any" in i}, impls
+
+
+@pytest.mark.parametrize("path", ["auto", "scalar"])
+@pytest.mark.parametrize(("rows", "width"), [(1, 384), (7, 100), (70, 1536)])
+def test_quantize_per_token_kernel_matches_the_reference_exactly(path, rows, width):
+    from squant import kernels
+
+    kernels.load()
+    torch.manual_seed(rows)
+    x = torch.randn(rows, width) * 3
+    x[0, 5] = 40.0  # an outlier row maximum
+    x[-1] = 0.0  # an all-zero row takes the tiny scale
+    multiplier = torch.rand(width) + 0.5
+    index = torch.tensor([3, 1, width - 1])
+    q, scale, side = torch.ops.squant.quantize_per_token(x, multiplier, index, path)
+    q_ref, scale_ref = int8.quantize_per_token(x * multiplier)
+    assert torch.equal(q, q_ref) and torch.equal(scale, scale_ref)
+    assert torch.equal(side, x[:, index])
+    # exact halves round to even, as torch.round does
+    halves = ((torch.arange(width) - width // 2) * 0.5)[None].repeat(2, 1)
+    halves[:, 0] = 127.0
+    q, scale, side = torch.ops.squant.quantize_per_token(halves, None, None, path)
+    assert torch.equal(q, int8.quantize_per_token(halves)[0]) and side.shape == (2, 0)
+    # bf16 and fp16 inputs go through the helper
+    for dtype in (torch.bfloat16, torch.float16):
+        xd = x.to(dtype)
+        q, scale, side = int8.quantize_rows(xd, multiplier, index)
+        assert torch.equal(q, int8.quantize_per_token(xd.float() * multiplier)[0])
+
+
+def test_quantize_per_token_kernel_refuses_bad_operands():
+    from squant import kernels
+
+    kernels.load()
+    with pytest.raises(RuntimeError, match="float32 or bfloat16"):
+        torch.ops.squant.quantize_per_token(torch.zeros(2, 3, 4), None, None)
+    with pytest.raises(RuntimeError, match="multiplier must be float32"):
+        torch.ops.squant.quantize_per_token(torch.zeros(2, 8), torch.ones(7), None)
+    with pytest.raises(RuntimeError, match="path must be"):
+        torch.ops.squant.quantize_per_token(torch.zeros(2, 8), None, None, "sse")

@@ -187,6 +187,21 @@ def _register_fake() -> None:
     ) -> torch.Tensor:
         return x.new_empty((x.shape[0], out_features), dtype=out_dtype or torch.float32)
 
+    @torch.library.register_fake("squant::quantize_per_token")
+    def _(
+        x: torch.Tensor,
+        multiplier: torch.Tensor | None = None,
+        side_index: torch.Tensor | None = None,
+        path: str = "auto",
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        rows, width = x.shape
+        side = 0 if side_index is None else side_index.shape[0]
+        return (
+            x.new_empty((rows, width), dtype=torch.uint8),
+            x.new_empty((rows, 1), dtype=torch.float32),
+            x.new_empty((rows, side), dtype=torch.float32),
+        )
+
 
 def supported_isas() -> tuple[str, ...]:
     """The kernel paths this CPU can run, fastest first (the last is always "scalar")."""

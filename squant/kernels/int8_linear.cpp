@@ -36,6 +36,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <tuple>
 
 namespace squant_kernels {
 namespace {
@@ -311,6 +312,96 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed_weight,
   return out;
 }
 
+// Per-token quantization of a linear's input, the step before a dynamic int8_linear:
+//   v = x·multiplier;  scale[m] = max(max_k |v[m,k]| / 127, 1e-12);
+//   q[m,k] = clamp(round_half_even(v[m,k] / scale[m]), -127, 127) + 128   (u8, zero point 128)
+//   side_x[m,j] = x[m, side_index[j]]   (outlier channels, kept in float, unscaled)
+// The same arithmetic as squant.quant.int8.quantize_per_token (a true division, not a
+// multiply by the reciprocal, so every integer matches). Each row is read twice while it sits
+// in L1; a compiler-generated version of these steps made one pass over all rows for the
+// maxima and a second pass over all rows for the integers, reading the tensor from memory twice.
+constexpr float kTiny = 1e-12f;
+
+void quantize_rows_scalar(const float* x, const float* mult, int64_t K, float* scale, uint8_t* q) {
+  float amax = 0.f;
+  for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(mult ? x[k] * mult[k] : x[k]));
+  const float s = std::max(amax / 127.f, kTiny);
+  *scale = s;
+  for (int64_t k = 0; k < K; ++k) {
+    const float v = std::nearbyint((mult ? x[k] * mult[k] : x[k]) / s);
+    q[k] = static_cast<uint8_t>(std::min(127.f, std::max(-127.f, v)) + 128.f);
+  }
+}
+
+SQ_AVX512 void quantize_rows_avx512(const float* x, const float* mult, int64_t K, float* scale,
+                                    uint8_t* q) {
+  __m512 vmax = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 16) {
+    const __mmask16 m = K - k >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (K - k)) - 1);
+    __m512 v = _mm512_maskz_loadu_ps(m, x + k);
+    if (mult) v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, mult + k));
+    vmax = _mm512_max_ps(vmax, _mm512_abs_ps(v));
+  }
+  const float s = std::max(_mm512_reduce_max_ps(vmax) / 127.f, kTiny);
+  *scale = s;
+  const __m512 vs = _mm512_set1_ps(s), lo = _mm512_set1_ps(-127.f), hi = _mm512_set1_ps(127.f),
+               zp = _mm512_set1_ps(128.f);
+  for (int64_t k = 0; k < K; k += 16) {
+    const __mmask16 m = K - k >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (K - k)) - 1);
+    __m512 v = _mm512_maskz_loadu_ps(m, x + k);
+    if (mult) v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, mult + k));
+    v = _mm512_roundscale_ps(_mm512_div_ps(v, vs), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    v = _mm512_add_ps(_mm512_min_ps(_mm512_max_ps(v, lo), hi), zp);
+    _mm_mask_storeu_epi8(q + k, m, _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(v)));
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_per_token(
+    const at::Tensor& x, const std::optional<at::Tensor>& multiplier,
+    const std::optional<at::Tensor>& side_index, c10::string_view path) {
+  TORCH_CHECK(x.dim() == 2 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+              "squant::quantize_per_token: x must be float32 or bfloat16 [tokens, in], got ",
+              x.scalar_type(), " ", x.sizes());
+  const int64_t M = x.size(0), K = x.size(1);
+  TORCH_CHECK(K > 0, "squant::quantize_per_token: x has no input features");
+  if (multiplier) {
+    TORCH_CHECK(multiplier->scalar_type() == at::kFloat && multiplier->numel() == K,
+                "squant::quantize_per_token: multiplier must be float32 [", K, "]");
+  }
+  const std::string p(path);
+  TORCH_CHECK(p == "auto" || p == "avx512" || p == "scalar",
+              "squant::quantize_per_token: path must be auto, avx512 or scalar");
+  const bool vector = p != "scalar" && cpu_has_avx512();
+  TORCH_CHECK(p != "avx512" || vector, "squant::quantize_per_token: this CPU has no AVX512");
+  const at::Tensor xf = x.to(at::kFloat).contiguous();
+  at::Tensor mc;
+  if (multiplier) mc = multiplier->contiguous();
+  at::Tensor q = at::empty({M, K}, x.options().dtype(at::kByte));
+  at::Tensor scale = at::empty({M, 1}, x.options().dtype(at::kFloat));
+  at::Tensor side;
+  if (side_index) {
+    TORCH_CHECK(side_index->dim() == 1 && side_index->scalar_type() == at::kLong,
+                "squant::quantize_per_token: side_index must be int64 [channels]");
+    side = xf.index_select(1, *side_index);
+  } else {
+    side = at::empty({M, 0}, xf.options());
+  }
+  const float* xp = xf.data_ptr<float>();
+  const float* mp = multiplier ? mc.data_ptr<float>() : nullptr;
+  float* sp = scale.data_ptr<float>();
+  uint8_t* qp = q.data_ptr<uint8_t>();
+  at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t m = begin; m < end; ++m) {
+      if (vector) {
+        quantize_rows_avx512(xp + m * K, mp, K, sp + m, qp + m * K);
+      } else {
+        quantize_rows_scalar(xp + m * K, mp, K, sp + m, qp + m * K);
+      }
+    }
+  });
+  return {q, scale, side};
+}
+
 // Whether at::native::cpublas::brgemm runs u8 x s8 exactly on this CPU (oneDNN's ukernel has
 // no path for every ISA): one small product of near-extreme values, checked against the exact
 // sum, so a path that adds pairs of products in saturating 16 bits (vpmaddubsw) fails it.
@@ -349,7 +440,13 @@ TORCH_LIBRARY_FRAGMENT(squant, m) {
       "int x_zero_point, Tensor weight_scale, Tensor? bias, int out_features, "
       "str activation=\"none\", ScalarType? out_dtype=None, Tensor? row_scale=None, "
       "Tensor? side_x=None, Tensor? side_w=None, str epilogue=\"auto\") -> Tensor");
+  m.def(
+      "quantize_per_token(Tensor x, Tensor? multiplier=None, Tensor? side_index=None, "
+      "str path=\"auto\") -> (Tensor, Tensor, Tensor)");
   m.def("int8_linear_supported() -> bool", &squant_kernels::int8_linear_supported);
 }
 
-TORCH_LIBRARY_IMPL(squant, CPU, m) { m.impl("int8_linear", &squant_kernels::int8_linear); }
+TORCH_LIBRARY_IMPL(squant, CPU, m) {
+  m.impl("int8_linear", &squant_kernels::int8_linear);
+  m.impl("quantize_per_token", &squant_kernels::quantize_per_token);
+}

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import os
 import warnings
+from typing import cast
 
 import torch
 from torch import Tensor
@@ -87,6 +88,21 @@ def quantize_per_token(x: Tensor) -> tuple[Tensor, Tensor]:
     scale = (x.abs().amax(dim=-1, keepdim=True).float() / QMAX_W).clamp(min=_TINY)
     q = torch.round(x / scale).clamp(QMIN_W, QMAX_W) + SYMMETRIC_ZP
     return q.to(torch.uint8), scale
+
+
+def quantize_rows(
+    x: Tensor, multiplier: Tensor | None, side_index: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """quantize_per_token(x · multiplier) in one kernel call, plus x[:, side_index] in float32
+    ([T, 0] without side_index): the same integers and scales, each row read while in cache."""
+    if x.dtype not in (torch.float32, torch.bfloat16):
+        x = x.float()
+    if multiplier is not None:
+        multiplier = multiplier.float()
+    return cast(
+        tuple[Tensor, Tensor, Tensor],
+        torch.ops.squant.quantize_per_token(x, multiplier, side_index),
+    )
 
 
 def pack_weight(w_q: Tensor) -> Tensor:
