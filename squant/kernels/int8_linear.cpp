@@ -114,6 +114,11 @@ void epilogue_scalar(const int32_t* acc, int64_t rows, int64_t m0, int64_t cols,
 
 #define SQ_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
 
+// The lanes of a 16-float vector that hold data when `remaining` values are left.
+inline __mmask16 tail_mask(int64_t remaining) {
+  return remaining >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << remaining) - 1);
+}
+
 // exp(x) for x in [-88, 88]: x = n·ln2 + r, |r| <= ln2/2, e^r by a degree-6 polynomial,
 // times 2^n (scalef: exact, and 0 below the float range).
 SQ_AVX512 inline __m512 exp512(__m512 x) {
@@ -173,7 +178,7 @@ SQ_AVX512 void epilogue_avx512(const int32_t* acc, int64_t rows, int64_t m0, int
                                int64_t n0, int64_t N, const Epilogue& e, float* out) {
   const __m512i zp = _mm512_set1_epi32(e.x_zero_point);
   for (int64_t j = 0; j < cols; j += 16) {
-    const __mmask16 mask = cols - j >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (cols - j)) - 1);
+    const __mmask16 mask = tail_mask(cols - j);
     const int64_t n = n0 + j;
     const __m512i comp = _mm512_mullo_epi32(zp, _mm512_loadu_si512(e.compensation + n));
     const __m512 scale = _mm512_mul_ps(_mm512_set1_ps(e.x_scale),
@@ -337,7 +342,7 @@ SQ_AVX512 void quantize_rows_avx512(const float* x, const float* mult, int64_t K
                                     uint8_t* q) {
   __m512 vmax = _mm512_setzero_ps();
   for (int64_t k = 0; k < K; k += 16) {
-    const __mmask16 m = K - k >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (K - k)) - 1);
+    const __mmask16 m = tail_mask(K - k);
     __m512 v = _mm512_maskz_loadu_ps(m, x + k);
     if (mult) v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, mult + k));
     vmax = _mm512_max_ps(vmax, _mm512_abs_ps(v));
@@ -347,7 +352,7 @@ SQ_AVX512 void quantize_rows_avx512(const float* x, const float* mult, int64_t K
   const __m512 vs = _mm512_set1_ps(s), lo = _mm512_set1_ps(-127.f), hi = _mm512_set1_ps(127.f),
                zp = _mm512_set1_ps(128.f);
   for (int64_t k = 0; k < K; k += 16) {
-    const __mmask16 m = K - k >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (K - k)) - 1);
+    const __mmask16 m = tail_mask(K - k);
     __m512 v = _mm512_maskz_loadu_ps(m, x + k);
     if (mult) v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, mult + k));
     v = _mm512_roundscale_ps(_mm512_div_ps(v, vs), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);

@@ -243,20 +243,19 @@ class QuantLinear(nn.Module):
         # One call does it all: the per-token scale (dynamic), bias, the outlier channels'
         # float share and the activation run in the GEMM's epilogue.
         assert self.weight_compensation is not None
-        side_x = side_w = None
+        index = side_w = side_x = None
         if self.outlier_index is not None and self.outlier_weight is not None:
-            side_w = self.outlier_weight.t().contiguous()
+            index, side_w = self.outlier_index, self.outlier_weight.t().contiguous()
         if self.mode == "static":
-            if side_w is not None:
-                side_x = x2.index_select(-1, cast(Tensor, self.outlier_index)).float()
+            if index is not None:
+                side_x = x2.index_select(-1, index).float()
             x_q = int8.quantize_static(x2, self._static_multiplier, self._x_zero_point)
             x_scale, x_zero_point, row_scale = self._x_scale, self._x_zero_point, None
         else:
             # one pass per row: the per-token scale, the integers and the outlier channels
-            x_q, row_scale, side = int8.quantize_rows(
-                x2, self.input_multiplier, self.outlier_index if side_w is not None else None
-            )
-            side_x = side if side_w is not None else None
+            x_q, row_scale, side = int8.quantize_rows(x2, self.input_multiplier, index)
+            if index is not None:
+                side_x = side
             x_scale, x_zero_point = 1.0, int8.SYMMETRIC_ZP
         out_dtype = dtype if dtype in (torch.float32, torch.bfloat16) else torch.float32
         y = int8.squant_linear(
