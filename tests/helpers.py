@@ -127,11 +127,17 @@ def error_of(response: Any) -> tuple[str, str]:
 
 # An int8 GEMM call in inductor's Python wrapper, on either kernel QuantLinear runs (squant's
 # own where it runs, else oneDNN's; squant.int8.gemm_kernel).
-INT8_GEMM_CALL = r"torch\.ops\.(?:onednn\.qlinear_pointwise|squant\.int8_linear)\.\w+\("
+# (squant's GEMM whose output is only per-token quantized for the next one runs as
+# int8_linear_quantize_rows, squant.runtime.fusion)
+INT8_GEMM_CALL = (
+    r"torch\.ops\.(?:onednn\.qlinear_pointwise|squant\.int8_linear(?:_quantize_rows)?)\.\w+\("
+)
 # ... and one whose epilogue applies exact GELU
-GELU_GEMM_CALL = r"(?:'gelu', \[None\], 'none'\)|squant\.int8_linear\.\w+\([^\n]*'gelu', torch\.)"
+GELU_GEMM_CALL = (
+    r"(?:'gelu', \[None\], 'none'\)|squant\.int8_linear(?:_quantize_rows)?\.\w+\([^\n]*'gelu',)"
+)
 # ... and one without a bias tensor (squant's bias is its 7th argument)
-UNBIASED_GEMM_CALL = r"squant\.int8_linear\.\w+\((?:[^,()]+,\s*){6}None"
+UNBIASED_GEMM_CALL = r"squant\.int8_linear(?:_quantize_rows)?\.\w+\((?:[^,()]+,\s*){6}None"
 
 
 def int8_gemm_calls(code: str) -> list[str]:

@@ -453,15 +453,43 @@ def test_squant_gemm_takes_the_whole_epilogue(squant_gemm, mode):
     inputs = token_batches(n=1, seed=4)[0]
     _, out, code = _compiled_code(q, inputs, CompileConfig(float_dtype="fp32"))
     calls = re.findall(r"torch\.ops\.squant\.int8_linear\.default\(([^\n]*)\)", code)
-    assert len(calls) == 4 * LAYERS and not re.findall(r"onednn\.qlinear_pointwise", code)
+    # the FFN-in GEMM, whose output only feeds the FFN-out's per-token quantize, does both
+    fused = re.findall(r"torch\.ops\.squant\.int8_linear_quantize_rows\.default\(([^\n]*)\)", code)
+    assert len(calls) == 3 * LAYERS and len(fused) == LAYERS
+    assert not re.findall(r"onednn\.qlinear_pointwise", code)
     assert ".erf()" not in code and "std::erf" not in code
     assert len(gelu_gemm_calls(code)) == LAYERS
-    # the last three arguments before `epilogue`: row_scale, side_x, side_w (inductor names
-    # the trailing ones when they are None: "side_x=None")
+    # row_scale, side_x, side_w: the last three arguments before `epilogue` (inductor names
+    # the trailing ones when they are None: "side_x=None"); the fused op's 10th to 12th
     tails = [
         [a.split("=")[-1] for a in re.split(r",\s*", c.split(", epilogue=")[0])[-3:]] for c in calls
-    ]
+    ] + [re.split(r",\s*", c)[9:12] for c in fused]
     assert sum(1 for t in tails if t[1] != "None" and t[2] != "None") == with_outliers
     assert sum(1 for t in tails if t[0] != "None") == per_token
     with torch.no_grad():
         assert cosine(q(**inputs).last_hidden_state, out.last_hidden_state) > 0.9999
+
+
+@pytest.mark.parametrize("mode", ["static", "dynamic"])
+def test_ffn_gemm_and_the_next_quantize_fuse_without_changing_outputs(
+    squant_gemm, mode, monkeypatch
+):
+    """The default configs: each layer's FFN-in GEMM (+ GELU) and the FFN-out's per-token
+    quantize of its output run as one call (squant.runtime.fusion), and the compiled model's
+    outputs are bit-identical to the same compile without the rewrite."""
+    from squant.runtime import fusion
+
+    model = tiny_model("bert", outliers=True)
+    config = squant.SmoothQuantConfig(mode=mode)
+    q = squant.quantize(model, config, token_batches(), progress=False)
+    inputs = token_batches(n=1, seed=4)[0]
+    _, out, code = _compiled_code(q, inputs, CompileConfig(float_dtype="fp32"))
+    assert len(re.findall(r"squant\.int8_linear_quantize_rows\.default\(", code)) == LAYERS
+    # the rewrite off (a new uuid, so inductor's cache cannot hand back the fused graph)
+    monkeypatch.setattr(fusion.SquantFusions, "__call__", lambda self, graph: None)
+    monkeypatch.setattr(fusion.SquantFusions, "uuid", lambda self: "off")
+    _, plain, plain_code = _compiled_code(q, inputs, CompileConfig(float_dtype="fp32"))
+    assert "int8_linear_quantize_rows" not in plain_code
+    quantizes = r"squant\.quantize_per_token\.default\("
+    assert len(re.findall(quantizes, plain_code)) == len(re.findall(quantizes, code)) + LAYERS
+    assert torch.equal(out.last_hidden_state, plain.last_hidden_state)

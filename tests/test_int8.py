@@ -364,3 +364,67 @@ def test_quantize_per_token_kernel_refuses_bad_operands():
         torch.ops.squant.quantize_per_token(torch.zeros(2, 8), torch.ones(7), None)
     with pytest.raises(RuntimeError, match="path must be"):
         torch.ops.squant.quantize_per_token(torch.zeros(2, 8), None, None, "sse")
+
+
+@pytest.mark.parametrize("path", ["auto", "scalar"])
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize(
+    ("rows", "inputs", "outputs", "threads"),
+    [(1, 64, 100, 2), (37, 96, 130, 2), (130, 384, 1536, 2), (130, 96, 200, 1)],
+)
+def test_linear_then_per_token_quantize_in_one_call_is_exact(
+    path, dynamic, rows, inputs, outputs, threads
+):
+    """int8_linear_quantize_rows = quantize_per_token(int8_linear(...)): the same integers,
+    scales and outlier channels, bit for bit, on row and column tails, with the dynamic
+    epilogue (row scale and float side product) and without, on both paths."""
+    _squant_gemm_or_skip()
+    g = torch.Generator().manual_seed(rows + outputs)
+    x_q = torch.randint(0, 256, (rows, inputs), dtype=torch.uint8, generator=g)
+    w_q = torch.randint(-127, 128, (outputs, inputs), dtype=torch.int8, generator=g)
+    w_scale = torch.rand(outputs, generator=g) * 1e-3
+    bias = torch.randn(outputs, generator=g)
+    packed, compensation = int8.pack_weight_blocked(w_q)
+    extra = {}
+    if dynamic:
+        extra = {
+            "row_scale": torch.rand(rows, 1, generator=g) + 0.1,
+            "side_x": torch.randn(rows, 2, generator=g),
+            "side_w": torch.randn(2, outputs, generator=g),
+        }
+    multiplier = torch.rand(outputs, generator=g) + 0.5
+    index = torch.tensor([outputs - 1, 0, 3])
+    args = (x_q, packed, compensation, 0.02, 128, w_scale, bias, outputs, "gelu")
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        y = torch.ops.squant.int8_linear(*args, epilogue=path, **extra)
+        want = torch.ops.squant.quantize_per_token(y, multiplier, index, path)
+        got = torch.ops.squant.int8_linear_quantize_rows(
+            *args, multiplier=multiplier, side_index=index, path=path, **extra
+        )
+    finally:
+        torch.set_num_threads(before)
+    for a, b in zip(got, want, strict=True):
+        assert a.shape == b.shape and torch.equal(a, b)
+    assert got[0].dtype == torch.uint8 and got[2].shape == (rows, 3)
+    with pytest.raises(RuntimeError, match=f"side_index {outputs} is out of range"):
+        torch.ops.squant.int8_linear_quantize_rows(*args, side_index=torch.tensor([outputs]))
+
+
+def test_gelu_epilogue_has_no_subnormal_slow_path():
+    """Outputs far below zero (GELU -> -0) must not make exp() produce subnormal floats,
+    which cost a microcode assist per instruction on Intel cores: the AVX512 epilogue
+    clamps |x| (erf is exactly 1.0f past 3.92), and its results equal the plain C++ ones."""
+    _squant_gemm_or_skip()
+    x_q = torch.full((8, 64), 255, dtype=torch.uint8)
+    w_q = torch.full((64, 64), -127, dtype=torch.int8)
+    w_q[::2] = 127
+    packed, compensation = int8.pack_weight_blocked(w_q)
+    w_scale = torch.full((64,), 1e-2)
+    for act in ("gelu", "gelu_tanh"):
+        args = (x_q, packed, compensation, 1.0, 128, w_scale, None, 64, act)
+        fast = torch.ops.squant.int8_linear(*args, epilogue="auto")
+        slow = torch.ops.squant.int8_linear(*args, epilogue="scalar")
+        assert torch.equal(fast[:, ::2], slow[:, ::2])  # large positive: x itself
+        assert (fast[:, 1::2] == 0).all() and (slow[:, 1::2] == 0).all()  # large negative: 0

@@ -202,6 +202,32 @@ def _register_fake() -> None:
             x.new_empty((rows, side), dtype=torch.float32),
         )
 
+    @torch.library.register_fake("squant::int8_linear_quantize_rows")
+    def _(
+        x: torch.Tensor,
+        packed_weight: torch.Tensor,
+        compensation: torch.Tensor,
+        x_scale: float,
+        x_zero_point: int,
+        weight_scale: torch.Tensor,
+        bias: torch.Tensor | None,
+        out_features: int,
+        activation: str = "none",
+        row_scale: torch.Tensor | None = None,
+        side_x: torch.Tensor | None = None,
+        side_w: torch.Tensor | None = None,
+        multiplier: torch.Tensor | None = None,
+        side_index: torch.Tensor | None = None,
+        path: str = "auto",
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        rows = x.shape[0]
+        side = 0 if side_index is None else side_index.shape[0]
+        return (
+            x.new_empty((rows, out_features), dtype=torch.uint8),
+            x.new_empty((rows, 1), dtype=torch.float32),
+            x.new_empty((rows, side), dtype=torch.float32),
+        )
+
 
 def supported_isas() -> tuple[str, ...]:
     """The kernel paths this CPU can run, fastest first (the last is always "scalar")."""

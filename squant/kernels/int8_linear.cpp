@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <string>
 #include <tuple>
+#include <vector>
 
 namespace squant_kernels {
 namespace {
@@ -119,10 +120,12 @@ inline __mmask16 tail_mask(int64_t remaining) {
   return remaining >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << remaining) - 1);
 }
 
-// exp(x) for x in [-88, 88]: x = n·ln2 + r, |r| <= ln2/2, e^r by a degree-6 polynomial,
-// times 2^n (scalef: exact, and 0 below the float range).
+// exp(x) for x in [-86, 88]: x = n·ln2 + r, |r| <= ln2/2, e^r by a degree-6 polynomial,
+// times 2^n (scalef, exact). The lower clamp keeps n >= -124, so the result is a normal float: on Intel cores a
+// subnormal result or operand costs a microcode assist of ~100+ cycles per instruction (an
+// epilogue full of them ran 15x slower); AMD's cores have no such penalty.
 SQ_AVX512 inline __m512 exp512(__m512 x) {
-  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.f)), _mm512_set1_ps(-88.f));
+  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.f)), _mm512_set1_ps(-86.f));
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
@@ -146,7 +149,9 @@ SQ_AVX512 inline __m512 activate512(__m512 v, Act act) {
       return _mm512_max_ps(v, _mm512_setzero_ps());
     case Act::gelu: {
       const __m512 x = _mm512_mul_ps(v, _mm512_set1_ps(0.70710678118654752f));
-      const __m512 ax = _mm512_abs_ps(x);
+      // erf(|x|) rounds to 1.0f from |x| = 3.92 on: clamping |x| at 5 changes no result and
+      // keeps exp(-x²) far from the subnormal range (see exp512)
+      const __m512 ax = _mm512_min_ps(_mm512_abs_ps(x), _mm512_set1_ps(5.f));
       const __m512 t = _mm512_div_ps(one, _mm512_fmadd_ps(_mm512_set1_ps(kErfP), ax, one));
       __m512 poly = _mm512_set1_ps(kErfA5);
       poly = _mm512_fmadd_ps(poly, t, _mm512_set1_ps(kErfA4));
@@ -204,119 +209,6 @@ bool cpu_has_avx512() {
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
 }
 
-template <typename Out>
-void run(const at::Tensor& x, const at::Tensor& packed, const Epilogue& e, at::Tensor& out,
-         bool vector_epilogue) {
-  const int64_t M = x.size(0), K = x.size(1), N = out.size(1);
-  const int64_t n_blocks = packed.size(0), m_blocks = (M + kBlockM - 1) / kBlockM;
-  const uint8_t* a = x.data_ptr<uint8_t>();
-  const int8_t* b = packed.data_ptr<int8_t>();
-  Out* y = out.data_ptr<Out>();
-  at::parallel_for(0, m_blocks * n_blocks, 1, [&](int64_t begin, int64_t end) {
-    alignas(64) int32_t acc[kBlockM * kBlockN];
-    for (int64_t task = begin; task < end; ++task) {
-      // consecutive tasks share the row block: its activations stay in cache
-      const int64_t mb = task / n_blocks, nb = task % n_blocks;
-      const int64_t m0 = mb * kBlockM, rows = std::min(kBlockM, M - m0);
-      const int64_t n0 = nb * kBlockN, cols = std::min(kBlockN, N - n0);
-      at::native::cpublas::brgemm(rows, kBlockN, K, K, kBlockN, kBlockN, false, a + m0 * K,
-                                  b + nb * K * kBlockN, acc, true);
-      Out* dst = y + m0 * N + n0;
-      if constexpr (std::is_same_v<Out, float>) {
-        if (vector_epilogue) {
-          epilogue_avx512(acc, rows, m0, cols, n0, N, e, dst);
-          continue;
-        }
-      }
-      epilogue_scalar(acc, rows, m0, cols, n0, N, e, dst);
-    }
-    at::native::cpublas::brgemm_release(true);
-  });
-}
-
-at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed_weight,
-                       const at::Tensor& compensation, double x_scale, int64_t x_zero_point,
-                       const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias,
-                       int64_t out_features, const std::string& activation,
-                       std::optional<at::ScalarType> out_dtype,
-                       const std::optional<at::Tensor>& row_scale,
-                       const std::optional<at::Tensor>& side_x,
-                       const std::optional<at::Tensor>& side_w, const std::string& epilogue) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kByte,
-              "squant::int8_linear: x must be uint8 [tokens, in], got ", x.scalar_type(), " ",
-              x.sizes());
-  TORCH_CHECK(packed_weight.dim() == 4 && packed_weight.scalar_type() == at::kChar &&
-                  packed_weight.size(2) == kBlockN && packed_weight.size(3) == 4,
-              "squant::int8_linear: packed_weight must be int8 [N/64, K/4, 64, 4], got ",
-              packed_weight.sizes());
-  const int64_t M = x.size(0), K = x.size(1);
-  TORCH_CHECK(packed_weight.size(1) * 4 == K, "squant::int8_linear: x has ", K,
-              " input features, the packed weight ", packed_weight.size(1) * 4);
-  TORCH_CHECK(out_features > 0 && out_features <= packed_weight.size(0) * kBlockN,
-              "squant::int8_linear: out_features ", out_features, " does not fit the packed weight");
-  TORCH_CHECK(compensation.scalar_type() == at::kInt &&
-                  compensation.numel() == packed_weight.size(0) * kBlockN,
-              "squant::int8_linear: compensation must be int32 [N padded to 64]");
-  TORCH_CHECK(weight_scale.scalar_type() == at::kFloat && weight_scale.numel() == out_features,
-              "squant::int8_linear: weight_scale must be float32 [out_features]");
-  if (bias) {
-    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->numel() == out_features,
-                "squant::int8_linear: bias must be float32 [out_features]");
-  }
-  if (row_scale) {
-    TORCH_CHECK(row_scale->scalar_type() == at::kFloat && row_scale->numel() == M,
-                "squant::int8_linear: row_scale must be float32 with one value per row of x");
-  }
-  TORCH_CHECK(side_x.has_value() == side_w.has_value(),
-              "squant::int8_linear: side_x and side_w come together");
-  int64_t side = 0;
-  if (side_x) {
-    side = side_x->dim() == 2 ? side_x->size(1) : -1;
-    TORCH_CHECK(side_x->scalar_type() == at::kFloat && side_x->dim() == 2 &&
-                    side_x->size(0) == M,
-                "squant::int8_linear: side_x must be float32 [rows of x, channels]");
-    TORCH_CHECK(side_w->scalar_type() == at::kFloat && side_w->dim() == 2 &&
-                    side_w->size(0) == side && side_w->size(1) == out_features,
-                "squant::int8_linear: side_w must be float32 [channels, out_features]");
-  }
-  const at::ScalarType dtype = out_dtype.value_or(at::kFloat);
-  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16,
-              "squant::int8_linear: out_dtype must be float32 or bfloat16");
-  TORCH_CHECK(epilogue == "auto" || epilogue == "avx512" || epilogue == "scalar",
-              "squant::int8_linear: epilogue must be auto, avx512 or scalar");
-  const bool vector_epilogue = epilogue != "scalar" && cpu_has_avx512();
-  TORCH_CHECK(epilogue != "avx512" || vector_epilogue,
-              "squant::int8_linear: this CPU has no AVX512 for the vector epilogue");
-
-  const at::Tensor xc = x.contiguous(), pc = packed_weight.contiguous(),
-                   cc = compensation.contiguous(), sc = weight_scale.contiguous();
-  at::Tensor bc, rc, xc_side, wc_side;
-  if (bias) bc = bias->contiguous();
-  if (row_scale) rc = row_scale->contiguous();
-  if (side_x) {
-    xc_side = side_x->contiguous();
-    wc_side = side_w->contiguous();
-  }
-  at::Tensor out = at::empty({M, out_features}, x.options().dtype(dtype));
-  if (M == 0) return out;
-  const Epilogue e{cc.data_ptr<int32_t>(),
-                   sc.data_ptr<float>(),
-                   bias ? bc.data_ptr<float>() : nullptr,
-                   row_scale ? rc.data_ptr<float>() : nullptr,
-                   side_x ? xc_side.data_ptr<float>() : nullptr,
-                   side_x ? wc_side.data_ptr<float>() : nullptr,
-                   side,
-                   static_cast<float>(x_scale),
-                   static_cast<int32_t>(x_zero_point),
-                   parse_activation(activation)};
-  if (dtype == at::kFloat) {
-    run<float>(xc, pc, e, out, vector_epilogue);
-  } else {
-    run<at::BFloat16>(xc, pc, e, out, false);
-  }
-  return out;
-}
-
 // Per-token quantization of a linear's input, the step before a dynamic int8_linear:
 //   v = x·multiplier;  scale[m] = max(max_k |v[m,k]| / 127, 1e-12);
 //   q[m,k] = clamp(round_half_even(v[m,k] / scale[m]), -127, 127) + 128   (u8, zero point 128)
@@ -359,6 +251,226 @@ SQ_AVX512 void quantize_rows_avx512(const float* x, const float* mult, int64_t K
     v = _mm512_add_ps(_mm512_min_ps(_mm512_max_ps(v, lo), hi), zp);
     _mm_mask_storeu_epi8(q + k, m, _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(v)));
   }
+}
+
+template <typename Out>
+void run(const at::Tensor& x, const at::Tensor& packed, const Epilogue& e, at::Tensor& out,
+         bool vector_epilogue) {
+  const int64_t M = x.size(0), K = x.size(1), N = out.size(1);
+  const int64_t n_blocks = packed.size(0), m_blocks = (M + kBlockM - 1) / kBlockM;
+  const uint8_t* a = x.data_ptr<uint8_t>();
+  const int8_t* b = packed.data_ptr<int8_t>();
+  Out* y = out.data_ptr<Out>();
+  at::parallel_for(0, m_blocks * n_blocks, 1, [&](int64_t begin, int64_t end) {
+    alignas(64) int32_t acc[kBlockM * kBlockN];
+    for (int64_t task = begin; task < end; ++task) {
+      // consecutive tasks share the row block: its activations stay in cache
+      const int64_t mb = task / n_blocks, nb = task % n_blocks;
+      const int64_t m0 = mb * kBlockM, rows = std::min(kBlockM, M - m0);
+      const int64_t n0 = nb * kBlockN, cols = std::min(kBlockN, N - n0);
+      at::native::cpublas::brgemm(rows, kBlockN, K, K, kBlockN, kBlockN, false, a + m0 * K,
+                                  b + nb * K * kBlockN, acc, true);
+      Out* dst = y + m0 * N + n0;
+      if constexpr (std::is_same_v<Out, float>) {
+        if (vector_epilogue) {
+          epilogue_avx512(acc, rows, m0, cols, n0, N, e, dst);
+          continue;
+        }
+      }
+      epilogue_scalar(acc, rows, m0, cols, n0, N, e, dst);
+    }
+    at::native::cpublas::brgemm_release(true);
+  });
+}
+
+// The checked operands of one int8 linear, made contiguous and kept alive for its Epilogue.
+struct Linear {
+  at::Tensor x, packed, compensation, w_scale, bias, row_scale, side_x, side_w;
+  Epilogue e;
+  bool vector_epilogue;
+};
+
+Linear check_linear(const at::Tensor& x, const at::Tensor& packed_weight,
+                    const at::Tensor& compensation, double x_scale, int64_t x_zero_point,
+                    const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias,
+                    int64_t out_features, const std::string& activation,
+                    const std::optional<at::Tensor>& row_scale,
+                    const std::optional<at::Tensor>& side_x,
+                    const std::optional<at::Tensor>& side_w, const std::string& epilogue) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kByte,
+              "squant::int8_linear: x must be uint8 [tokens, in], got ", x.scalar_type(), " ",
+              x.sizes());
+  TORCH_CHECK(packed_weight.dim() == 4 && packed_weight.scalar_type() == at::kChar &&
+                  packed_weight.size(2) == kBlockN && packed_weight.size(3) == 4,
+              "squant::int8_linear: packed_weight must be int8 [N/64, K/4, 64, 4], got ",
+              packed_weight.sizes());
+  const int64_t M = x.size(0), K = x.size(1);
+  TORCH_CHECK(packed_weight.size(1) * 4 == K, "squant::int8_linear: x has ", K,
+              " input features, the packed weight ", packed_weight.size(1) * 4);
+  TORCH_CHECK(out_features > 0 && out_features <= packed_weight.size(0) * kBlockN,
+              "squant::int8_linear: out_features ", out_features, " does not fit the packed weight");
+  TORCH_CHECK(compensation.scalar_type() == at::kInt &&
+                  compensation.numel() == packed_weight.size(0) * kBlockN,
+              "squant::int8_linear: compensation must be int32 [N padded to 64]");
+  TORCH_CHECK(weight_scale.scalar_type() == at::kFloat && weight_scale.numel() == out_features,
+              "squant::int8_linear: weight_scale must be float32 [out_features]");
+  if (bias) {
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->numel() == out_features,
+                "squant::int8_linear: bias must be float32 [out_features]");
+  }
+  if (row_scale) {
+    TORCH_CHECK(row_scale->scalar_type() == at::kFloat && row_scale->numel() == M,
+                "squant::int8_linear: row_scale must be float32 with one value per row of x");
+  }
+  TORCH_CHECK(side_x.has_value() == side_w.has_value(),
+              "squant::int8_linear: side_x and side_w come together");
+  int64_t side = 0;
+  if (side_x) {
+    side = side_x->dim() == 2 ? side_x->size(1) : -1;
+    TORCH_CHECK(side_x->scalar_type() == at::kFloat && side_x->dim() == 2 &&
+                    side_x->size(0) == M,
+                "squant::int8_linear: side_x must be float32 [rows of x, channels]");
+    TORCH_CHECK(side_w->scalar_type() == at::kFloat && side_w->dim() == 2 &&
+                    side_w->size(0) == side && side_w->size(1) == out_features,
+                "squant::int8_linear: side_w must be float32 [channels, out_features]");
+  }
+  TORCH_CHECK(epilogue == "auto" || epilogue == "avx512" || epilogue == "scalar",
+              "squant::int8_linear: epilogue must be auto, avx512 or scalar");
+  const bool vector_epilogue = epilogue != "scalar" && cpu_has_avx512();
+  TORCH_CHECK(epilogue != "avx512" || vector_epilogue,
+              "squant::int8_linear: this CPU has no AVX512 for the vector epilogue");
+
+  Linear l;
+  l.x = x.contiguous();
+  l.packed = packed_weight.contiguous();
+  l.compensation = compensation.contiguous();
+  l.w_scale = weight_scale.contiguous();
+  if (bias) l.bias = bias->contiguous();
+  if (row_scale) l.row_scale = row_scale->contiguous();
+  if (side_x) {
+    l.side_x = side_x->contiguous();
+    l.side_w = side_w->contiguous();
+  }
+  l.e = Epilogue{l.compensation.data_ptr<int32_t>(),
+                 l.w_scale.data_ptr<float>(),
+                 bias ? l.bias.data_ptr<float>() : nullptr,
+                 row_scale ? l.row_scale.data_ptr<float>() : nullptr,
+                 side_x ? l.side_x.data_ptr<float>() : nullptr,
+                 side_x ? l.side_w.data_ptr<float>() : nullptr,
+                 side,
+                 static_cast<float>(x_scale),
+                 static_cast<int32_t>(x_zero_point),
+                 parse_activation(activation)};
+  l.vector_epilogue = vector_epilogue;
+  return l;
+}
+
+at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed_weight,
+                       const at::Tensor& compensation, double x_scale, int64_t x_zero_point,
+                       const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias,
+                       int64_t out_features, const std::string& activation,
+                       std::optional<at::ScalarType> out_dtype,
+                       const std::optional<at::Tensor>& row_scale,
+                       const std::optional<at::Tensor>& side_x,
+                       const std::optional<at::Tensor>& side_w, const std::string& epilogue) {
+  const Linear l = check_linear(x, packed_weight, compensation, x_scale, x_zero_point,
+                                weight_scale, bias, out_features, activation, row_scale, side_x,
+                                side_w, epilogue);
+  const at::ScalarType dtype = out_dtype.value_or(at::kFloat);
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16,
+              "squant::int8_linear: out_dtype must be float32 or bfloat16");
+  at::Tensor out = at::empty({x.size(0), out_features}, x.options().dtype(dtype));
+  if (x.size(0) == 0) return out;
+  if (dtype == at::kFloat) {
+    run<float>(l.x, l.packed, l.e, out, l.vector_epilogue);
+  } else {
+    run<at::BFloat16>(l.x, l.packed, l.e, out, false);
+  }
+  return out;
+}
+
+// int8_linear (float32 output) followed by quantize_per_token of that output, in one call:
+// the same integers, scales and outlier channels as the two calls, without writing the float
+// output to memory and reading it back. Each task computes whole rows (all output blocks of
+// up to 64 rows) into a buffer that stays in the core's L2 (64 x 1536 floats = 384 KB), then
+// quantizes them. In a BERT layer this is the FFN's first GEMM (+ GELU) feeding the second
+// one's per-token input: 6 MB of float per layer at 8 x 128 tokens that never leave the cache.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_linear_quantize_rows(
+    const at::Tensor& x, const at::Tensor& packed_weight, const at::Tensor& compensation,
+    double x_scale, int64_t x_zero_point, const at::Tensor& weight_scale,
+    const std::optional<at::Tensor>& bias, int64_t out_features, const std::string& activation,
+    const std::optional<at::Tensor>& row_scale, const std::optional<at::Tensor>& side_x,
+    const std::optional<at::Tensor>& side_w, const std::optional<at::Tensor>& multiplier,
+    const std::optional<at::Tensor>& side_index, const std::string& path) {
+  const Linear l = check_linear(x, packed_weight, compensation, x_scale, x_zero_point,
+                                weight_scale, bias, out_features, activation, row_scale, side_x,
+                                side_w, path);
+  const int64_t M = x.size(0), K = x.size(1), N = out_features;
+  at::Tensor mc, ic;
+  if (multiplier) {
+    TORCH_CHECK(multiplier->scalar_type() == at::kFloat && multiplier->numel() == N,
+                "squant::int8_linear_quantize_rows: multiplier must be float32 [", N, "]");
+    mc = multiplier->contiguous();
+  }
+  int64_t n_side = 0;
+  if (side_index) {
+    TORCH_CHECK(side_index->dim() == 1 && side_index->scalar_type() == at::kLong,
+                "squant::int8_linear_quantize_rows: side_index must be int64 [channels]");
+    ic = side_index->contiguous();
+    n_side = ic.numel();
+    const int64_t* idx = ic.data_ptr<int64_t>();
+    for (int64_t c = 0; c < n_side; ++c) {
+      TORCH_CHECK(idx[c] >= 0 && idx[c] < N, "squant::int8_linear_quantize_rows: side_index ",
+                  idx[c], " is out of range for ", N, " outputs");
+    }
+  }
+  at::Tensor q = at::empty({M, N}, x.options().dtype(at::kByte));
+  at::Tensor scale = at::empty({M, 1}, x.options().dtype(at::kFloat));
+  at::Tensor side = at::empty({M, n_side}, x.options().dtype(at::kFloat));
+  if (M == 0) return {q, scale, side};
+  const float* mp = multiplier ? mc.data_ptr<float>() : nullptr;
+  const int64_t* ip = side_index ? ic.data_ptr<int64_t>() : nullptr;
+  const uint8_t* a = l.x.data_ptr<uint8_t>();
+  const int8_t* b = l.packed.data_ptr<int8_t>();
+  uint8_t* qp = q.data_ptr<uint8_t>();
+  float* sp = scale.data_ptr<float>();
+  float* side_p = side.data_ptr<float>();
+  const int64_t n_blocks = l.packed.size(0);
+  // up to 64 rows per task, fewer where that leaves a thread without rows (short inputs)
+  const int64_t threads = at::get_num_threads();
+  const int64_t block_m = std::max<int64_t>(1, std::min<int64_t>(kBlockM, (M + threads - 1) / threads));
+  const int64_t tasks = (M + block_m - 1) / block_m;
+  const bool vector = l.vector_epilogue;
+  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+    alignas(64) int32_t acc[kBlockM * kBlockN];
+    std::vector<float> rows_out(block_m * N);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t m0 = task * block_m, rows = std::min(block_m, M - m0);
+      for (int64_t nb = 0; nb < n_blocks; ++nb) {
+        const int64_t n0 = nb * kBlockN, cols = std::min(kBlockN, N - n0);
+        if (cols <= 0) break;
+        at::native::cpublas::brgemm(rows, kBlockN, K, K, kBlockN, kBlockN, false, a + m0 * K,
+                                    b + nb * K * kBlockN, acc, true);
+        if (vector) {
+          epilogue_avx512(acc, rows, m0, cols, n0, N, l.e, rows_out.data() + n0);
+        } else {
+          epilogue_scalar(acc, rows, m0, cols, n0, N, l.e, rows_out.data() + n0);
+        }
+      }
+      for (int64_t i = 0; i < rows; ++i) {
+        const int64_t m = m0 + i;
+        const float* row = rows_out.data() + i * N;
+        if (vector) {
+          quantize_rows_avx512(row, mp, N, sp + m, qp + m * N);
+        } else {
+          quantize_rows_scalar(row, mp, N, sp + m, qp + m * N);
+        }
+        for (int64_t c = 0; c < n_side; ++c) side_p[m * n_side + c] = row[ip[c]];
+      }
+    }
+    at::native::cpublas::brgemm_release(true);
+  });
+  return {q, scale, side};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_per_token(
@@ -446,6 +558,12 @@ TORCH_LIBRARY_FRAGMENT(squant, m) {
       "str activation=\"none\", ScalarType? out_dtype=None, Tensor? row_scale=None, "
       "Tensor? side_x=None, Tensor? side_w=None, str epilogue=\"auto\") -> Tensor");
   m.def(
+      "int8_linear_quantize_rows(Tensor x, Tensor packed_weight, Tensor compensation, "
+      "float x_scale, int x_zero_point, Tensor weight_scale, Tensor? bias, int out_features, "
+      "str activation=\"none\", Tensor? row_scale=None, Tensor? side_x=None, "
+      "Tensor? side_w=None, Tensor? multiplier=None, Tensor? side_index=None, "
+      "str path=\"auto\") -> (Tensor, Tensor, Tensor)");
+  m.def(
       "quantize_per_token(Tensor x, Tensor? multiplier=None, Tensor? side_index=None, "
       "str path=\"auto\") -> (Tensor, Tensor, Tensor)");
   m.def("int8_linear_supported() -> bool", &squant_kernels::int8_linear_supported);
@@ -454,4 +572,5 @@ TORCH_LIBRARY_FRAGMENT(squant, m) {
 TORCH_LIBRARY_IMPL(squant, CPU, m) {
   m.impl("int8_linear", &squant_kernels::int8_linear);
   m.impl("quantize_per_token", &squant_kernels::quantize_per_token);
+  m.impl("int8_linear_quantize_rows", &squant_kernels::int8_linear_quantize_rows);
 }

@@ -41,6 +41,7 @@ from ..quant.attention import (
 from ..quant.mappings import hf_config
 from ..quant.qlinear import QuantLinear
 from ..quant.record import QuantizationRecord, record_of
+from .fusion import INDUCTOR_OPTIONS as FUSION_OPTIONS
 from .guards import keep_call_guards
 from .outputs import first_tensor
 from .timing import measure
@@ -128,9 +129,10 @@ class CompileConfig:
 
 # inductor settings of each GEMM candidate; freezing makes weights constants (packed once)
 GEMM_OPTIONS: dict[str, dict[str, Any]] = {
-    "onednn": {"freezing": True},
+    "onednn": {"freezing": True, **FUSION_OPTIONS},
     "autotune": {
         "freezing": True,
+        **FUSION_OPTIONS,
         "max_autotune": True,
         "max_autotune_gemm_backends": "CPP,ATEN",
     },

@@ -62,6 +62,7 @@ from ..quant.qlinear import QuantLinear
 from ..quant.record import QuantizationRecord, record_of
 from ..version import __version__
 from .compiler import FLOAT_DTYPES, CompileConfig, FloatDtype, cast_float_parts
+from .fusion import INDUCTOR_OPTIONS as FUSION_OPTIONS
 from .outputs import NamedOutputs, named_tensors, output_tensors
 
 PACKAGE = "model.pt2"
@@ -212,7 +213,7 @@ def _export_into(
         torch._inductor.aoti_compile_and_package(
             program,
             package_path=str(directory / PACKAGE),
-            inductor_configs={"freezing": True},
+            inductor_configs={"freezing": True, **FUSION_OPTIONS},
         )
     kernel_library = None
     if uses_int8_attention(work) or any(

@@ -1,0 +1,109 @@
+"""Rewrites of the traced graph that inductor cannot find itself, because they join two of
+squant's own kernels: run by inductor after its own passes (post-grad, on the ATen graph),
+set through inductor's config for squant's compile and export calls only.
+
+- A GEMM whose float output is only per-token quantized for the next GEMM (a BERT layer's
+  FFN-in + GELU, feeding the FFN-out's per-token u8 input) becomes one call of
+  ``squant::int8_linear_quantize_rows``: the float output stays in the core's cache instead
+  of going to memory and back (6 MB per layer at 8 x 128 tokens). Same integers, scales and
+  outlier channels as the two calls (tests/test_int8.py checks bit equality).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch._inductor.custom_graph_pass import CustomGraphPass
+from torch.fx.operator_schemas import normalize_function
+
+_aten = torch.ops.aten
+# reshapes between the GEMM and the quantize step ([T, N] -> [B, S, N] -> [T, N])
+_VIEWS = (_aten.view.default, _aten.reshape.default, _aten._unsafe_view.default)
+
+
+def _kwargs(node: torch.fx.Node) -> dict[str, Any]:
+    pair = normalize_function(
+        node.target,  # type: ignore[arg-type]
+        node.args,
+        node.kwargs,
+        normalize_to_only_use_kwargs=True,
+    )
+    assert pair is not None, node
+    return dict(pair.kwargs)
+
+
+def _shape(node: Any) -> tuple[int, ...] | None:
+    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return tuple(val.shape) if isinstance(val, torch.Tensor) else None
+
+
+def fuse_linear_quantize(graph: torch.fx.Graph) -> int:
+    """Replace quantize_per_token(int8_linear(...)) by int8_linear_quantize_rows where the
+    GEMM's float32 output has no other use; returns how many were fused."""
+    linear = torch.ops.squant.int8_linear.default
+    quantize = torch.ops.squant.quantize_per_token.default
+    fused_op = torch.ops.squant.int8_linear_quantize_rows.default
+    fused = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not quantize:
+            continue
+        q = _kwargs(node)
+        source, chain = q["x"], []
+        while (
+            isinstance(source, torch.fx.Node) and source.target in _VIEWS and len(source.users) == 1
+        ):
+            chain.append(source)
+            source = source.args[0]
+        if not isinstance(source, torch.fx.Node) or source.target is not linear:
+            continue
+        lin = _kwargs(source)
+        if (
+            len(source.users) != 1
+            or lin.get("out_dtype") not in (None, torch.float32)
+            or lin.get("epilogue", "auto") != "auto"
+            or q.get("path", "auto") != "auto"
+            or _shape(source) is None
+            or _shape(source) != _shape(q["x"])
+        ):
+            continue
+        lin.pop("out_dtype", None)
+        lin.pop("epilogue", None)
+        values = {**lin, "multiplier": q.get("multiplier"), "side_index": q.get("side_index")}
+        # positional, in the schema's order (inductor's lowering normalizes positional calls)
+        args = tuple(values.get(a.name, a.default_value) for a in fused_op._schema.arguments)
+        with graph.inserting_before(node):
+            new = graph.call_function(fused_op, args=args)
+        # the same three outputs (shapes, dtypes); not the rest of the old node's meta, whose
+        # recorded eager inputs belong to the quantize call's schema
+        new.meta["val"] = node.meta["val"]
+        node.replace_all_uses_with(new)
+        graph.erase_node(node)
+        for dead in [*chain, source]:
+            graph.erase_node(dead)
+        fused += 1
+    return fused
+
+
+class SquantFusions(CustomGraphPass):
+    """squant's post-grad rewrites as one inductor pass; its uuid (a hash of this file) keys
+    inductor's caches, so a changed rewrite never reuses an old compiled graph."""
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        if _kernels_loaded():
+            fuse_linear_quantize(graph)
+
+    def uuid(self) -> Any:
+        return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+
+
+def _kernels_loaded() -> bool:
+    return hasattr(torch.ops.squant, "int8_linear_quantize_rows")
+
+
+SQUANT_FUSIONS = SquantFusions()
+# the inductor config entries that turn the rewrites on, for torch.compile options and
+# AOTInductor's inductor_configs
+INDUCTOR_OPTIONS: dict[str, Any] = {"post_grad_custom_post_pass": SQUANT_FUSIONS}
