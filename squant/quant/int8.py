@@ -86,7 +86,8 @@ def quantize_static(x: Tensor, multiplier: Tensor, zero_point: int) -> Tensor:
 def quantize_per_token(x: Tensor) -> tuple[Tensor, Tensor]:
     """[T, in] float -> (uint8 [T, in] with zp 128, float32 scale [T, 1]); symmetric per row."""
     scale = (x.abs().amax(dim=-1, keepdim=True).float() / QMAX_W).clamp(min=_TINY)
-    q = torch.round(x / scale).clamp(QMIN_W, QMAX_W) + SYMMETRIC_ZP
+    # times the reciprocal (one division per row), as squant's kernel computes it
+    q = torch.round(x * (1.0 / scale)).clamp(QMIN_W, QMAX_W) + SYMMETRIC_ZP
     return q.to(torch.uint8), scale
 
 
