@@ -128,16 +128,16 @@ def error_of(response: Any) -> tuple[str, str]:
 # An int8 GEMM call in inductor's Python wrapper, on either kernel QuantLinear runs (squant's
 # own where it runs, else oneDNN's; squant.int8.gemm_kernel).
 # (squant's GEMM whose output is only per-token quantized for the next one runs as
-# int8_linear_quantize_rows, squant.runtime.fusion)
-INT8_GEMM_CALL = (
-    r"torch\.ops\.(?:onednn\.qlinear_pointwise|squant\.int8_linear(?:_quantize_rows)?)\.\w+\("
-)
+# int8_linear_quantize_rows, the Q|K|V GEMM with the INT8 attention as int8_linear_attention:
+# squant.runtime.fusion)
+SQUANT_GEMM = r"squant\.int8_linear(?:_quantize_rows|_attention)?"
+INT8_GEMM_CALL = rf"torch\.ops\.(?:onednn\.qlinear_pointwise|{SQUANT_GEMM})\.\w+\("
 # ... and one whose epilogue applies exact GELU
-GELU_GEMM_CALL = (
-    r"(?:'gelu', \[None\], 'none'\)|squant\.int8_linear(?:_quantize_rows)?\.\w+\([^\n]*'gelu',)"
-)
+GELU_GEMM_CALL = rf"(?:'gelu', \[None\], 'none'\)|{SQUANT_GEMM}\.\w+\([^\n]*'gelu',)"
 # ... and one without a bias tensor (squant's bias is its 7th argument)
-UNBIASED_GEMM_CALL = r"squant\.int8_linear(?:_quantize_rows)?\.\w+\((?:[^,()]+,\s*){6}None"
+UNBIASED_GEMM_CALL = (
+    r"squant\.int8_linear(?:_quantize_rows|_attention)?\.\w+\((?:[^,()]+,\s*){6}None"
+)
 
 
 def int8_gemm_calls(code: str) -> list[str]:

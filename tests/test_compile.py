@@ -254,7 +254,8 @@ def test_cpp_wrapper_calls_the_int8_kernels_from_cpp_and_runs_in_two_threads(ber
     compiled, out, code = _compiled_code(q, inputs, config, python_wrapper=False)
     assert not int8_gemm_calls(code)  # not from Python
     from_cpp = re.findall(
-        r'aoti_torch_cpu__qlinear_pointwise\w*\(|findSchemaOrThrow\("squant::int8_linear"', code
+        r'aoti_torch_cpu__qlinear_pointwise\w*\(|findSchemaOrThrow\("squant::int8_linear\w*"',
+        code,
     )
     assert len(from_cpp) >= 4 * LAYERS
     # the wrapper is built apart from the kernels (at -O1): its -O3 build with them was most
@@ -453,17 +454,25 @@ def test_squant_gemm_takes_the_whole_epilogue(squant_gemm, mode):
     inputs = token_batches(n=1, seed=4)[0]
     _, out, code = _compiled_code(q, inputs, CompileConfig(float_dtype="fp32"))
     calls = re.findall(r"torch\.ops\.squant\.int8_linear\.default\(([^\n]*)\)", code)
-    # the FFN-in GEMM, whose output only feeds the FFN-out's per-token quantize, does both
+    # the FFN-in GEMM, whose output only feeds the FFN-out's per-token quantize, does both;
+    # the Q|K|V GEMM runs in one call with the attention
     fused = re.findall(r"torch\.ops\.squant\.int8_linear_quantize_rows\.default\(([^\n]*)\)", code)
-    assert len(calls) == 3 * LAYERS and len(fused) == LAYERS
+    qkv = re.findall(r"torch\.ops\.squant\.int8_linear_attention\.default\(([^\n]*)\)", code)
+    assert len(calls) == 2 * LAYERS and len(fused) == LAYERS and len(qkv) == LAYERS
     assert not re.findall(r"onednn\.qlinear_pointwise", code)
     assert ".erf()" not in code and "std::erf" not in code
     assert len(gelu_gemm_calls(code)) == LAYERS
     # row_scale, side_x, side_w: the last three arguments before `epilogue` (inductor names
-    # the trailing ones when they are None: "side_x=None"); the fused op's 10th to 12th
-    tails = [
-        [a.split("=")[-1] for a in re.split(r",\s*", c.split(", epilogue=")[0])[-3:]] for c in calls
-    ] + [re.split(r",\s*", c)[9:12] for c in fused]
+    # the trailing ones when they are None: "side_x=None"); the fused ops' 10th to 12th and
+    # 9th to 11th
+    tails = (
+        [
+            [a.split("=")[-1] for a in re.split(r",\s*", c.split(", epilogue=")[0])[-3:]]
+            for c in calls
+        ]
+        + [re.split(r",\s*", c)[9:12] for c in fused]
+        + [re.split(r",\s*", c)[8:11] for c in qkv]
+    )
     assert sum(1 for t in tails if t[1] != "None" and t[2] != "None") == with_outliers
     assert sum(1 for t in tails if t[0] != "None") == per_token
     with torch.no_grad():
@@ -475,8 +484,9 @@ def test_ffn_gemm_and_the_next_quantize_fuse_without_changing_outputs(
     squant_gemm, mode, monkeypatch
 ):
     """The default configs: each layer's FFN-in GEMM (+ GELU) and the FFN-out's per-token
-    quantize of its output run as one call (squant.runtime.fusion), and the compiled model's
-    outputs are bit-identical to the same compile without the rewrite."""
+    quantize of its output run as one call, and so do its Q|K|V GEMM and the INT8 attention
+    (squant.runtime.fusion); the compiled model's outputs are bit-identical to the same
+    compile without the rewrites."""
     from squant.runtime import fusion
 
     model = tiny_model("bert", outliers=True)
@@ -485,11 +495,14 @@ def test_ffn_gemm_and_the_next_quantize_fuse_without_changing_outputs(
     inputs = token_batches(n=1, seed=4)[0]
     _, out, code = _compiled_code(q, inputs, CompileConfig(float_dtype="fp32"))
     assert len(re.findall(r"squant\.int8_linear_quantize_rows\.default\(", code)) == LAYERS
+    assert len(re.findall(r"squant\.int8_linear_attention\.default\(", code)) == LAYERS
+    assert "squant.int8_attention.default(" not in code
     # the rewrite off (a new uuid, so inductor's cache cannot hand back the fused graph)
     monkeypatch.setattr(fusion.SquantFusions, "__call__", lambda self, graph: None)
     monkeypatch.setattr(fusion.SquantFusions, "uuid", lambda self: "off")
     _, plain, plain_code = _compiled_code(q, inputs, CompileConfig(float_dtype="fp32"))
     assert "int8_linear_quantize_rows" not in plain_code
+    assert "int8_linear_attention" not in plain_code
     quantizes = r"squant\.quantize_per_token\.default\("
     assert len(re.findall(quantizes, plain_code)) == len(re.findall(quantizes, code)) + LAYERS
     assert torch.equal(out.last_hidden_state, plain.last_hidden_state)

@@ -3,6 +3,7 @@
 against each other, and the kernel inside quantize, compile, save/load."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -210,7 +211,9 @@ def test_compiled_int8_attention_calls_the_kernel_and_matches_eager(bert_pair):
     compiled = squant.compile(q, CompileConfig(float_dtype="fp32", cpp_wrapper=False))
     out, code = run_and_get_code(lambda: compiled(**inputs))
     code = "\n".join(code)
-    assert code.count("torch.ops.squant.int8_attention.default(") == 2  # one per layer
+    # one per layer, in one call with its Q|K|V GEMM where that runs on squant's kernel
+    calls = re.findall(r"torch\.ops\.squant\.int8_(?:linear_)?attention\.default\(", code)
+    assert len(calls) == 2
     assert "softmax" not in code.lower()  # no float attention left beside it
     assert compiled.describe()["attention_used"] == SQUANT_INT8_ATTENTION
     with torch.no_grad():
@@ -269,3 +272,52 @@ def test_pt2_with_int8_attention_ships_the_kernel_and_runs_without_squant(bert_p
     (deploy / KERNEL_LIBRARY).write_bytes(b"not the exported library")
     with pytest.raises(SquantError, match="changed after export"):
         load_packaged(deploy)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_qkv_gemm_and_attention_in_one_call_are_exact(paths, batch, dynamic):
+    """int8_linear_attention = int8_attention(int8_linear(...).view(B, S, 3·H·D)), bit for
+    bit, on every path this CPU runs: with a batch row per thread (each row's Q|K|V kept in
+    cache) and with fewer rows than threads (GEMM over all threads first), padded keys, the
+    dynamic epilogue (row scale, outlier channels) and without."""
+    from squant import int8
+
+    if int8.gemm_kernel(64) != "squant":
+        pytest.skip("squant's int8 GEMM does not run on this CPU")
+    g = torch.Generator().manual_seed(batch)
+    seq, heads, dim, inputs = 37, 4, 24, 64
+    width = 3 * heads * dim
+    x_q = torch.randint(0, 256, (batch * seq, inputs), dtype=torch.uint8, generator=g)
+    w_q = torch.randint(-127, 128, (width, inputs), dtype=torch.int8, generator=g)
+    w_scale = torch.rand(width, generator=g) * 1e-3
+    bias = torch.randn(width, generator=g)
+    packed, compensation = int8.pack_weight_blocked(w_q)
+    row_scale = side_x = side_w = None
+    if dynamic:
+        row_scale = torch.rand(batch * seq, 1, generator=g) + 0.1
+        side_x = torch.randn(batch * seq, 2, generator=g)
+        side_w = torch.randn(2, width, generator=g)
+    mask = torch.ones(batch, seq, dtype=torch.long)
+    mask[-1, 30:] = 0
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for isa in paths:
+            y = torch.ops.squant.int8_linear(
+                x_q, packed, compensation, 0.02, 128, w_scale, bias, width,
+                row_scale=row_scale, side_x=side_x, side_w=side_w,
+            )  # fmt: skip
+            want = torch.ops.squant.int8_attention(y.view(batch, seq, width), mask, heads, 0.2, isa)
+            got = torch.ops.squant.int8_linear_attention(
+                x_q, packed, compensation, 0.02, 128, w_scale, bias, width,
+                row_scale, side_x, side_w, mask, batch, heads, 0.2, isa,
+            )  # fmt: skip
+            assert got.shape == (batch, seq, heads * dim) and torch.equal(got, want), isa
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(RuntimeError, match=f"do not split into {batch * seq + 1} batch rows"):
+        torch.ops.squant.int8_linear_attention(
+            x_q, packed, compensation, 0.02, 128, w_scale, bias, width,
+            None, None, None, None, batch * seq + 1, heads, 0.2,
+        )  # fmt: skip

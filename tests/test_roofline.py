@@ -119,6 +119,8 @@ def test_hotspot_categories():
     assert categorize("aten::_scaled_dot_product_flash_attention_for_cpu") == "attention"
     assert categorize("graph_0_cpp_fused__softmax__to_copy_add_3") == "attention"
     assert categorize("squant::int8_attention") == "attention"
+    assert categorize("squant::int8_linear_attention") == "attention"
+    assert categorize("squant::int8_linear_quantize_rows") == "linear"
     assert categorize("graph_0_cpp_fused_add_native_layer_norm_round_5") == "layernorm"
     assert categorize("## Call CompiledFxGraph None ##") == "other"
     pct = breakdown({"onednn::qlinear_pointwise": 60.0, "aten::bmm": 30.0, "aten::view": 10.0})

@@ -18,8 +18,14 @@ CATEGORIES = ("linear", "attention", "layernorm", "other")
 
 # (category, pattern on the profiler event name); first match wins
 RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
-    # squant::int8_attention is squant's whole attention block (Q·Kᵀ, softmax and P·V)
-    ("attention", re.compile(r"scaled_dot_product|_softmax|softmax|bmm|baddbmm|int8_attention")),
+    # squant::int8_attention is squant's whole attention block (Q·Kᵀ, softmax and P·V);
+    # squant::int8_linear_attention is that block with its Q|K|V GEMM in one call
+    (
+        "attention",
+        re.compile(
+            r"scaled_dot_product|_softmax|softmax|bmm|baddbmm|int8_attention|linear_attention"
+        ),
+    ),
     ("layernorm", re.compile(r"layer_norm|native_layer_norm")),
     (
         "linear",

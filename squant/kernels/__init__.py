@@ -27,6 +27,8 @@ from ..cache import cache_root
 from ..errors import SquantError, first_line
 
 SOURCES = ("int8_attention.cpp", "int8_linear.cpp", "package_runner.cpp")
+# included by the sources: part of what a build depends on
+HEADERS = ("internal.h",)
 LIBRARY_NAME = "squant_kernels"
 # -fno-math-errno: std::lrint becomes one instruction (the vector paths round the same way);
 # -fopenmp: at::parallel_for is a header template over OpenMP pragmas, serial without it
@@ -44,10 +46,15 @@ def _source_paths() -> list[Path]:
     return [here / name for name in SOURCES]
 
 
+def _header_paths() -> list[Path]:
+    here = Path(__file__).parent
+    return [here / name for name in HEADERS]
+
+
 def build_key() -> str:
     """Hash of what the library depends on: its sources, torch's version and the C++ ABI."""
     digest = hashlib.sha256()
-    for path in _source_paths():
+    for path in [*_source_paths(), *_header_paths()]:
         digest.update(path.read_bytes())
     digest.update(" ".join(CFLAGS).encode())
     digest.update(torch.__version__.encode())
@@ -227,6 +234,27 @@ def _register_fake() -> None:
             x.new_empty((rows, 1), dtype=torch.float32),
             x.new_empty((rows, side), dtype=torch.float32),
         )
+
+    @torch.library.register_fake("squant::int8_linear_attention")
+    def _(
+        x: torch.Tensor,
+        packed_weight: torch.Tensor,
+        compensation: torch.Tensor,
+        x_scale: float,
+        x_zero_point: int,
+        weight_scale: torch.Tensor,
+        bias: torch.Tensor | None,
+        out_features: int,
+        row_scale: torch.Tensor | None,
+        side_x: torch.Tensor | None,
+        side_w: torch.Tensor | None,
+        key_mask: torch.Tensor | None,
+        batch: int,
+        num_heads: int,
+        scaling: float,
+        isa: str = "auto",
+    ) -> torch.Tensor:
+        return x.new_empty((batch, x.shape[0] // batch, out_features // 3), dtype=torch.float32)
 
 
 def supported_isas() -> tuple[str, ...]:

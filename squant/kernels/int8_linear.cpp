@@ -30,6 +30,8 @@
 #include <ATen/native/CPUBlas.h>
 #include <torch/library.h>
 
+#include "internal.h"
+
 #include <immintrin.h>
 
 #include <algorithm>
@@ -372,6 +374,30 @@ Linear check_linear(const at::Tensor& x, const at::Tensor& packed_weight,
   return l;
 }
 
+// Output rows [m0, m0 + rows) of a checked linear, float32, into out (row stride N): every
+// output block of each group of up to 64 rows, one brgemm call and the epilogue each.
+void linear_rows(const Linear& l, int64_t N, int64_t m0, int64_t rows, float* out) {
+  const int64_t K = l.x.size(1), n_blocks = l.packed.size(0);
+  const uint8_t* a = l.x.data_ptr<uint8_t>();
+  const int8_t* b = l.packed.data_ptr<int8_t>();
+  alignas(64) int32_t acc[kBlockM * kBlockN];
+  for (int64_t r0 = 0; r0 < rows; r0 += kBlockM) {
+    const int64_t m = m0 + r0, count = std::min(kBlockM, rows - r0);
+    for (int64_t nb = 0; nb < n_blocks; ++nb) {
+      const int64_t n0 = nb * kBlockN, cols = std::min(kBlockN, N - n0);
+      if (cols <= 0) break;
+      at::native::cpublas::brgemm(count, kBlockN, K, K, kBlockN, kBlockN, false, a + m * K,
+                                  b + nb * K * kBlockN, acc, true);
+      float* dst = out + r0 * N + n0;
+      if (l.vector_epilogue) {
+        epilogue_avx512(acc, count, m, cols, n0, N, l.e, dst);
+      } else {
+        epilogue_scalar(acc, count, m, cols, n0, N, l.e, dst);
+      }
+    }
+  }
+}
+
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed_weight,
                        const at::Tensor& compensation, double x_scale, int64_t x_zero_point,
                        const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias,
@@ -412,7 +438,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_linear_quantize_rows(
   const Linear l = check_linear(x, packed_weight, compensation, x_scale, x_zero_point,
                                 weight_scale, bias, out_features, activation, row_scale, side_x,
                                 side_w, path);
-  const int64_t M = x.size(0), K = x.size(1), N = out_features;
+  const int64_t M = x.size(0), N = out_features;
   at::Tensor mc, ic;
   if (multiplier) {
     TORCH_CHECK(multiplier->scalar_type() == at::kFloat && multiplier->numel() == N,
@@ -437,33 +463,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_linear_quantize_rows(
   if (M == 0) return {q, scale, side};
   const float* mp = multiplier ? mc.data_ptr<float>() : nullptr;
   const int64_t* ip = side_index ? ic.data_ptr<int64_t>() : nullptr;
-  const uint8_t* a = l.x.data_ptr<uint8_t>();
-  const int8_t* b = l.packed.data_ptr<int8_t>();
   uint8_t* qp = q.data_ptr<uint8_t>();
   float* sp = scale.data_ptr<float>();
   float* side_p = side.data_ptr<float>();
-  const int64_t n_blocks = l.packed.size(0);
   // up to 64 rows per task, fewer where that leaves a thread without rows (short inputs)
   const int64_t threads = at::get_num_threads();
   const int64_t block_m = std::max<int64_t>(1, std::min<int64_t>(kBlockM, (M + threads - 1) / threads));
   const int64_t tasks = (M + block_m - 1) / block_m;
   const bool vector = l.vector_epilogue;
   at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
-    alignas(64) int32_t acc[kBlockM * kBlockN];
     std::vector<float> rows_out(block_m * N);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t m0 = task * block_m, rows = std::min(block_m, M - m0);
-      for (int64_t nb = 0; nb < n_blocks; ++nb) {
-        const int64_t n0 = nb * kBlockN, cols = std::min(kBlockN, N - n0);
-        if (cols <= 0) break;
-        at::native::cpublas::brgemm(rows, kBlockN, K, K, kBlockN, kBlockN, false, a + m0 * K,
-                                    b + nb * K * kBlockN, acc, true);
-        if (vector) {
-          epilogue_avx512(acc, rows, m0, cols, n0, N, l.e, rows_out.data() + n0);
-        } else {
-          epilogue_scalar(acc, rows, m0, cols, n0, N, l.e, rows_out.data() + n0);
-        }
-      }
+      linear_rows(l, N, m0, rows, rows_out.data());
       for (int64_t i = 0; i < rows; ++i) {
         const int64_t m = m0 + i;
         const float* row = rows_out.data() + i * N;
@@ -556,6 +568,23 @@ bool int8_linear_supported() {
 }
 
 }  // namespace
+
+LinearRows int8_linear_rows(const at::Tensor& x, const at::Tensor& packed_weight,
+                            const at::Tensor& compensation, double x_scale, int64_t x_zero_point,
+                            const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias,
+                            int64_t out_features, const std::optional<at::Tensor>& row_scale,
+                            const std::optional<at::Tensor>& side_x,
+                            const std::optional<at::Tensor>& side_w) {
+  const Linear l = check_linear(x, packed_weight, compensation, x_scale, x_zero_point,
+                                weight_scale, bias, out_features, "none", row_scale, side_x,
+                                side_w, "auto");
+  return [l, out_features](int64_t m0, int64_t rows, float* out) {
+    linear_rows(l, out_features, m0, rows, out);
+  };
+}
+
+void linear_rows_release() { at::native::cpublas::brgemm_release(true); }
+
 }  // namespace squant_kernels
 
 TORCH_LIBRARY_FRAGMENT(squant, m) {
