@@ -37,6 +37,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -472,13 +473,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_linear_quantize_rows(
   const int64_t tasks = (M + block_m - 1) / block_m;
   const bool vector = l.vector_epilogue;
   at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> rows_out(block_m * N);
+    // uninitialized: every element is written before it is read
+    const std::unique_ptr<float[]> rows_out(new float[block_m * N]);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t m0 = task * block_m, rows = std::min(block_m, M - m0);
-      linear_rows(l, N, m0, rows, rows_out.data());
+      linear_rows(l, N, m0, rows, rows_out.get());
       for (int64_t i = 0; i < rows; ++i) {
         const int64_t m = m0 + i;
-        const float* row = rows_out.data() + i * N;
+        const float* row = rows_out.get() + i * N;
         if (vector) {
           quantize_rows_avx512(row, mp, N, sp + m, qp + m * N);
         } else {
