@@ -276,17 +276,20 @@ def test_pt2_with_int8_attention_ships_the_kernel_and_runs_without_squant(bert_p
 
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("dynamic", [False, True])
-def test_qkv_gemm_and_attention_in_one_call_are_exact(paths, batch, dynamic):
+@pytest.mark.parametrize(("heads", "dim"), [(4, 24), (4, 32)])
+def test_qkv_gemm_and_attention_in_one_call_are_exact(paths, batch, dynamic, heads, dim):
     """int8_linear_attention = int8_attention(int8_linear(...).view(B, S, 3·H·D)), bit for
-    bit, on every path this CPU runs: with a batch row per thread (each row's Q|K|V kept in
-    cache) and with fewer rows than threads (GEMM over all threads first), padded keys, the
-    dynamic epilogue (row scale, outlier channels) and without."""
+    bit, on every path this CPU runs, with 2 threads: a batch row per thread (each row's
+    Q|K|V kept in cache); one batch row split into two head groups (4 x 32: each group's
+    Q, K, V columns are whole 64-column GEMM blocks); one row that cannot split (4 x 24:
+    GEMM over all threads first); padded keys, the dynamic epilogue (row scale, outlier
+    channels) and without."""
     from squant import int8
 
     if int8.gemm_kernel(64) != "squant":
         pytest.skip("squant's int8 GEMM does not run on this CPU")
     g = torch.Generator().manual_seed(batch)
-    seq, heads, dim, inputs = 37, 4, 24, 64
+    seq, inputs = 37, 64
     width = 3 * heads * dim
     x_q = torch.randint(0, 256, (batch * seq, inputs), dtype=torch.uint8, generator=g)
     w_q = torch.randint(-127, 128, (width, inputs), dtype=torch.int8, generator=g)

@@ -768,8 +768,22 @@ at::Tensor int8_attention(const at::Tensor& qkv, const std::optional<at::Tensor>
 // computes one batch row's Q|K|V rows into a buffer that stays in the core's L2 (128 tokens x
 // 1152 floats = 590 KB for MiniLM) and runs that row's heads on it: the projection's output
 // never goes to memory, and the heads read it without the cache misses of rows 3·H·D floats
-// apart in a tensor of the whole batch. With fewer batch rows than threads, the projection runs
-// over all threads first, then the (batch row, head) problems do (as the two calls would).
+// apart in a tensor of the whole batch. With fewer batch rows than threads, each batch row's
+// heads are split into groups (one task per row and group) whose Q, K and V columns are whole
+// 64-column blocks of the GEMM: each task computes only its group's columns, again into L2.
+// Where no such split exists, the projection runs over all threads first, then the (batch
+// row, head) problems do (as the two calls would).
+
+// How many head groups per batch row give every thread a task: the fewest that do, among
+// those whose groups' Q|K|V columns are whole GEMM blocks; 1 if none.
+int64_t head_groups(int64_t batch, int64_t heads, int64_t dim, int64_t threads) {
+  if (batch >= threads) return 1;
+  const int64_t want = (threads + batch - 1) / batch;
+  for (int64_t g = want; g <= heads; ++g)
+    if (heads % g == 0 && (heads / g * dim) % kLinearBlockN == 0) return g;
+  return 1;
+}
+
 at::Tensor int8_linear_attention(
     const at::Tensor& x, const at::Tensor& packed_weight, const at::Tensor& compensation,
     double x_scale, int64_t x_zero_point, const at::Tensor& weight_scale,
@@ -777,9 +791,9 @@ at::Tensor int8_linear_attention(
     const std::optional<at::Tensor>& row_scale, const std::optional<at::Tensor>& side_x,
     const std::optional<at::Tensor>& side_w, const std::optional<at::Tensor>& key_mask,
     int64_t batch, int64_t num_heads, double scaling, c10::string_view isa) {
-  const LinearRows rows = int8_linear_rows(x, packed_weight, compensation, x_scale,
-                                           x_zero_point, weight_scale, bias, out_features,
-                                           row_scale, side_x, side_w);
+  const LinearRows linear = int8_linear_rows(x, packed_weight, compensation, x_scale,
+                                             x_zero_point, weight_scale, bias, out_features,
+                                             row_scale, side_x, side_w);
   TORCH_CHECK(num_heads > 0 && out_features % (3 * num_heads) == 0,
               "squant::int8_linear_attention: out_features must be 3 * heads * head_dim");
   const int64_t M = x.size(0);
@@ -792,15 +806,30 @@ at::Tensor int8_linear_attention(
   if (seq == 0) return out;
   const HeadFn fn = pick(std::string(isa));
   float* obase = out.data_ptr<float>();
-  if (batch >= at::get_num_threads()) {
-    at::parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) {
+  const int64_t threads = at::get_num_threads();
+  const int64_t groups = head_groups(batch, num_heads, dim, threads);
+  if (batch >= threads || groups > 1) {
+    // group g of batch row b: heads [g·hg, (g+1)·hg), their Q, K and V columns side by side
+    const int64_t hg = num_heads / groups, gw = hg * dim, ld = 3 * gw;
+    at::parallel_for(0, batch * groups, 1, [&](int64_t begin, int64_t end) {
       // uninitialized: every element is written before it is read
-      const std::unique_ptr<float[]> qkv(new float[seq * out_features]);
-      for (int64_t b = begin; b < end; ++b) {
-        rows(b * seq, seq, qkv.get());
-        for (int64_t hd = 0; hd < num_heads; ++hd)
-          fn(head_of(qkv.get(), out_features, width, hd, dim, obase + b * seq * width, seq,
-                     keys[b], scaling));
+      const std::unique_ptr<float[]> qkv(new float[seq * ld]);
+      for (int64_t t = begin; t < end; ++t) {
+        const int64_t b = t / groups, g = t % groups;
+        if (groups == 1) {
+          linear(b * seq, seq, 0, out_features, qkv.get(), ld);  // the whole row, as it is
+        } else {
+          for (int64_t part = 0; part < 3; ++part) {
+            const int64_t c0 = part * width + g * gw;
+            linear(b * seq, seq, c0, c0 + gw, qkv.get() + part * gw, ld);
+          }
+        }
+        for (int64_t i = 0; i < hg; ++i) {
+          const float* q = qkv.get() + i * dim;
+          const int64_t hd = g * hg + i;
+          fn(Head{q, q + gw, q + 2 * gw, ld, obase + b * seq * width + hd * dim, width, seq,
+                  dim, keys[b].data(), int64_t(keys[b].size()), float(scaling)});
+        }
       }
       linear_rows_release();
     });
@@ -812,7 +841,8 @@ at::Tensor int8_linear_attention(
   at::parallel_for(0, (M + kRowsPerTask - 1) / kRowsPerTask, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t m0 = t * kRowsPerTask;
-      rows(m0, std::min(kRowsPerTask, M - m0), qp + m0 * out_features);
+      linear(m0, std::min(kRowsPerTask, M - m0), 0, out_features, qp + m0 * out_features,
+             out_features);
     }
     linear_rows_release();
   });

@@ -45,7 +45,7 @@
 namespace squant_kernels {
 namespace {
 
-constexpr int64_t kBlockN = 64;  // output columns per packed block (4 AVX512 vectors)
+constexpr int64_t kBlockN = kLinearBlockN;  // output columns per packed block (4 AVX512 vectors)
 constexpr int64_t kBlockM = 64;  // output rows per brgemm call
 
 enum class Act { none, gelu, gelu_tanh, relu };
@@ -100,10 +100,10 @@ inline void store(Out* out, float v) {
 // Plain C++: any CPU, and the reference the AVX512 path must agree with.
 template <typename Out>
 void epilogue_scalar(const int32_t* acc, int64_t rows, int64_t m0, int64_t cols, int64_t n0,
-                     int64_t N, const Epilogue& e, Out* out) {
+                     int64_t N, const Epilogue& e, Out* out, int64_t ld) {
   for (int64_t i = 0; i < rows; ++i) {
     const int64_t m = m0 + i;
-    Out* row = out + i * N;
+    Out* row = out + i * ld;
     const float x_scale = e.row_scale ? e.x_scale * e.row_scale[m] : e.x_scale;
     for (int64_t j = 0; j < cols; ++j) {
       const int64_t n = n0 + j;
@@ -187,7 +187,8 @@ SQ_AVX512 inline __m512 activate512(__m512 v, Act act) {
 }
 
 SQ_AVX512 void epilogue_avx512(const int32_t* acc, int64_t rows, int64_t m0, int64_t cols,
-                               int64_t n0, int64_t N, const Epilogue& e, float* out) {
+                               int64_t n0, int64_t N, const Epilogue& e, float* out,
+                               int64_t ld) {
   const __m512i zp = _mm512_set1_epi32(e.x_zero_point);
   for (int64_t j = 0; j < cols; j += 16) {
     const __mmask16 mask = tail_mask(cols - j);
@@ -206,7 +207,7 @@ SQ_AVX512 void epilogue_avx512(const int32_t* acc, int64_t rows, int64_t m0, int
         v = _mm512_fmadd_ps(_mm512_set1_ps(e.side_x[m * e.side + c]),
                             _mm512_maskz_loadu_ps(mask, e.side_w + c * N + n), v);
       }
-      _mm512_mask_storeu_ps(out + i * N + j, mask, activate512(v, e.act));
+      _mm512_mask_storeu_ps(out + i * ld + j, mask, activate512(v, e.act));
     }
   }
 }
@@ -283,11 +284,11 @@ void run(const at::Tensor& x, const at::Tensor& packed, const Epilogue& e, at::T
       Out* dst = y + m0 * N + n0;
       if constexpr (std::is_same_v<Out, float>) {
         if (vector_epilogue) {
-          epilogue_avx512(acc, rows, m0, cols, n0, N, e, dst);
+          epilogue_avx512(acc, rows, m0, cols, n0, N, e, dst, N);
           continue;
         }
       }
-      epilogue_scalar(acc, rows, m0, cols, n0, N, e, dst);
+      epilogue_scalar(acc, rows, m0, cols, n0, N, e, dst, N);
     }
     at::native::cpublas::brgemm_release(true);
   });
@@ -375,28 +376,33 @@ Linear check_linear(const at::Tensor& x, const at::Tensor& packed_weight,
   return l;
 }
 
-// Output rows [m0, m0 + rows) of a checked linear, float32, into out (row stride N): every
-// output block of each group of up to 64 rows, one brgemm call and the epilogue each.
-void linear_rows(const Linear& l, int64_t N, int64_t m0, int64_t rows, float* out) {
-  const int64_t K = l.x.size(1), n_blocks = l.packed.size(0);
+// Output rows [m0, m0 + rows) and columns [c0, c1) of a checked linear, float32, into out
+// (row stride ld; column c0 at out[0]): each group of up to 64 rows, one brgemm call and the
+// epilogue per output block. c0 is a multiple of the 64-column block; c1 one too, or N.
+void linear_cols(const Linear& l, int64_t N, int64_t m0, int64_t rows, int64_t c0, int64_t c1,
+                 float* out, int64_t ld) {
+  const int64_t K = l.x.size(1);
   const uint8_t* a = l.x.data_ptr<uint8_t>();
   const int8_t* b = l.packed.data_ptr<int8_t>();
   alignas(64) int32_t acc[kBlockM * kBlockN];
   for (int64_t r0 = 0; r0 < rows; r0 += kBlockM) {
     const int64_t m = m0 + r0, count = std::min(kBlockM, rows - r0);
-    for (int64_t nb = 0; nb < n_blocks; ++nb) {
-      const int64_t n0 = nb * kBlockN, cols = std::min(kBlockN, N - n0);
-      if (cols <= 0) break;
+    for (int64_t n0 = c0; n0 < c1; n0 += kBlockN) {
+      const int64_t cols = std::min(kBlockN, c1 - n0);
       at::native::cpublas::brgemm(count, kBlockN, K, K, kBlockN, kBlockN, false, a + m * K,
-                                  b + nb * K * kBlockN, acc, true);
-      float* dst = out + r0 * N + n0;
+                                  b + (n0 / kBlockN) * K * kBlockN, acc, true);
+      float* dst = out + r0 * ld + (n0 - c0);
       if (l.vector_epilogue) {
-        epilogue_avx512(acc, count, m, cols, n0, N, l.e, dst);
+        epilogue_avx512(acc, count, m, cols, n0, N, l.e, dst, ld);
       } else {
-        epilogue_scalar(acc, count, m, cols, n0, N, l.e, dst);
+        epilogue_scalar(acc, count, m, cols, n0, N, l.e, dst, ld);
       }
     }
   }
+}
+
+void linear_rows(const Linear& l, int64_t N, int64_t m0, int64_t rows, float* out) {
+  linear_cols(l, N, m0, rows, 0, N, out, N);
 }
 
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed_weight,
@@ -580,9 +586,8 @@ LinearRows int8_linear_rows(const at::Tensor& x, const at::Tensor& packed_weight
   const Linear l = check_linear(x, packed_weight, compensation, x_scale, x_zero_point,
                                 weight_scale, bias, out_features, "none", row_scale, side_x,
                                 side_w, "auto");
-  return [l, out_features](int64_t m0, int64_t rows, float* out) {
-    linear_rows(l, out_features, m0, rows, out);
-  };
+  return [l, out_features](int64_t m0, int64_t rows, int64_t c0, int64_t c1, float* out,
+                           int64_t ld) { linear_cols(l, out_features, m0, rows, c0, c1, out, ld); };
 }
 
 void linear_rows_release() { at::native::cpublas::brgemm_release(true); }
