@@ -16,7 +16,7 @@ from squant.quant.mappings import hf_config
 from squant.runtime.compiler import CompileConfig
 from tests.helpers import cosine, last_hidden, tiny_model, token_batches
 
-ALL_PATHS = ("avx512_vnni", "avx2", "scalar")
+ALL_PATHS = ("amx", "avx512_vnni", "avx2", "scalar")
 
 
 def reference(qkv, mask, heads, scaling):
@@ -127,7 +127,12 @@ def test_paths_this_cpu_lacks_are_refused_by_name(paths):
     from squant.hardware import cpu_features
 
     qkv = torch.randn(1, 4, 3 * 2 * 8)
-    host = {"avx512_vnni": cpu_features().has("avx512_vnni"), "avx2": cpu_features().has("avx2")}
+    cpu = cpu_features()
+    host = {
+        "amx": cpu.has("amx_int8") and cpu.has("avx512_vnni"),
+        "avx512_vnni": cpu.has("avx512_vnni"),
+        "avx2": cpu.has("avx2"),
+    }
     for isa, present in host.items():
         assert (isa in paths) == present
         if not present:
