@@ -592,6 +592,39 @@ inline void prefetch_row(const float* row, int64_t d) {
   for (int64_t c = 0; c < d; c += 16) _mm_prefetch(reinterpret_cast<const char*>(row + c), _MM_HINT_T0);
 }
 
+// Softmax and P·V for up to kRows query rows: row r's scores at scores + r · score_stride
+// (n of them), its output at out + r · out_stride; a short group repeats its last row (the
+// repeats compute, and write, the same values). pq: kRows rows of 2·vpairs s16 scratch.
+SQ_VNNI void attend_rows(float* scores, int64_t score_stride, int64_t rows, int64_t n,
+                         int64_t d, int64_t vpairs, int16_t* pq, const int16_t* vq,
+                         const float* vscale, float* out, int64_t out_stride) {
+  const int16_t* pr[kRows];
+  float* o[kRows];
+  float inv_total[kRows];
+  for (int64_t r = 0; r < kRows; ++r) {
+    const int64_t rr = std::min(r, rows - 1);
+    if (r == rr) {
+      float* pf = scores + r * score_stride;
+      const float sum = softmax_unnormalized_vnni(pf, n);
+      // the AVX2 conversion: once per query row, n values, a small part of the row's work
+      const int32_t total = probs_to_s16_avx2(pf, n, kProbSteps / sum, &pq[r * 2 * vpairs]);
+      inv_total[r] = 1.f / float(total);
+    } else {
+      inv_total[r] = inv_total[rr];
+    }
+    pr[r] = &pq[rr * 2 * vpairs];
+    o[r] = out + rr * out_stride;
+  }
+  for (int64_t c = 0; c < d; c += 4 * kValueBlock) {
+    switch (std::min<int64_t>(4, (d - c + kValueBlock - 1) / kValueBlock)) {
+      case 4: weighted_sum_tile_vnni<4>(pr, vq, vpairs, d, c, vscale, inv_total, o); break;
+      case 3: weighted_sum_tile_vnni<3>(pr, vq, vpairs, d, c, vscale, inv_total, o); break;
+      case 2: weighted_sum_tile_vnni<2>(pr, vq, vpairs, d, c, vscale, inv_total, o); break;
+      default: weighted_sum_tile_vnni<1>(pr, vq, vpairs, d, c, vscale, inv_total, o);
+    }
+  }
+}
+
 // Keys packed for vpdpbusd: [block of 16 keys][quad of dims][key][4] as s8; dims padded to 4.
 SQ_VNNI void head_vnni(const Head& h) {
   const int64_t n = h.n_keys, d = h.dim, dp = (d + 3) / 4 * 4, quads = dp / 4;
@@ -649,31 +682,8 @@ SQ_VNNI void head_vnni(const Head& h) {
         _mm512_storeu_ps(&p[r * blocks * 16 + b * 16], f);
       }
     }
-    const int16_t* pr[kRows];
-    float* o[kRows];
-    float inv_total[kRows];
-    for (int64_t r = 0; r < kRows; ++r) {
-      const int64_t rr = std::min(r, rows - 1);
-      if (r == rr) {
-        float* pf = &p[r * blocks * 16];
-        const float sum = softmax_unnormalized_vnni(pf, n);
-        // the AVX2 conversion: once per query row, n values, a small part of the row's work
-        const int32_t total = probs_to_s16_avx2(pf, n, kProbSteps / sum, &pq[r * 2 * vpairs]);
-        inv_total[r] = 1.f / float(total);
-      } else {
-        inv_total[r] = inv_total[rr];
-      }
-      pr[r] = &pq[rr * 2 * vpairs];
-      o[r] = h.out + (i0 + rr) * h.out_stride;
-    }
-    for (int64_t c = 0; c < d; c += 4 * kValueBlock) {
-      switch (std::min<int64_t>(4, (d - c + kValueBlock - 1) / kValueBlock)) {
-        case 4: weighted_sum_tile_vnni<4>(pr, vq.data(), vpairs, d, c, vscale.data(), inv_total, o); break;
-        case 3: weighted_sum_tile_vnni<3>(pr, vq.data(), vpairs, d, c, vscale.data(), inv_total, o); break;
-        case 2: weighted_sum_tile_vnni<2>(pr, vq.data(), vpairs, d, c, vscale.data(), inv_total, o); break;
-        default: weighted_sum_tile_vnni<1>(pr, vq.data(), vpairs, d, c, vscale.data(), inv_total, o);
-      }
-    }
+    attend_rows(p.data(), blocks * 16, rows, n, d, vpairs, pq.data(), vq.data(), vscale.data(),
+                h.out + i0 * h.out_stride, h.out_stride);
   }
 }
 
@@ -727,39 +737,19 @@ SQ_VNNI void head_amx(const Head& h) {
     }
     for (int64_t i0 = 0; i0 < chunk; i0 += kRows) {
       const int64_t rows = std::min<int64_t>(kRows, chunk - i0);
-      const int16_t* pr[kRows];
-      float* o[kRows];
-      float inv_total[kRows];
-      for (int64_t r = 0; r < kRows; ++r) {
-        const int64_t rr = std::min(r, rows - 1);
-        if (r == rr) {
-          float* pf = &p[r * npad];
-          const int32_t* sr = &scores[(i0 + r) * npad];
-          const __m512 qscale = _mm512_set1_ps(qs[i0 + r]);
-          for (int64_t j = 0; j < n; j += 16) {
-            const __m512 f = _mm512_mul_ps(
-                _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512(sr + j),
-                                                    _mm512_loadu_si512(&kcomp[j]))),
-                _mm512_mul_ps(_mm512_loadu_ps(&ks[j]), qscale));
-            _mm512_storeu_ps(pf + j, f);
-          }
-          const float sum = softmax_unnormalized_vnni(pf, n);
-          const int32_t total = probs_to_s16_avx2(pf, n, kProbSteps / sum, &pq[r * 2 * vpairs]);
-          inv_total[r] = 1.f / float(total);
-        } else {
-          inv_total[r] = inv_total[rr];
-        }
-        pr[r] = &pq[rr * 2 * vpairs];
-        o[r] = h.out + (c0 + i0 + rr) * h.out_stride;
-      }
-      for (int64_t c = 0; c < d; c += 4 * kValueBlock) {
-        switch (std::min<int64_t>(4, (d - c + kValueBlock - 1) / kValueBlock)) {
-          case 4: weighted_sum_tile_vnni<4>(pr, vq.data(), vpairs, d, c, vscale.data(), inv_total, o); break;
-          case 3: weighted_sum_tile_vnni<3>(pr, vq.data(), vpairs, d, c, vscale.data(), inv_total, o); break;
-          case 2: weighted_sum_tile_vnni<2>(pr, vq.data(), vpairs, d, c, vscale.data(), inv_total, o); break;
-          default: weighted_sum_tile_vnni<1>(pr, vq.data(), vpairs, d, c, vscale.data(), inv_total, o);
+      for (int64_t r = 0; r < rows; ++r) {
+        const int32_t* sr = &scores[(i0 + r) * npad];
+        const __m512 qscale = _mm512_set1_ps(qs[i0 + r]);
+        for (int64_t j = 0; j < n; j += 16) {
+          const __m512 f = _mm512_mul_ps(
+              _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512(sr + j),
+                                                  _mm512_loadu_si512(&kcomp[j]))),
+              _mm512_mul_ps(_mm512_loadu_ps(&ks[j]), qscale));
+          _mm512_storeu_ps(&p[r * npad + j], f);
         }
       }
+      attend_rows(p.data(), npad, rows, n, d, vpairs, pq.data(), vq.data(), vscale.data(),
+                  h.out + (c0 + i0) * h.out_stride, h.out_stride);
     }
   }
 }

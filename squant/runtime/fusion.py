@@ -44,6 +44,28 @@ def _shape(node: Any) -> tuple[int, ...] | None:
     return tuple(val.shape) if isinstance(val, torch.Tensor) else None
 
 
+def _replace(
+    graph: torch.fx.Graph,
+    node: torch.fx.Node,
+    fused_op: Any,
+    values: dict[str, Any],
+    dead: list[torch.fx.Node],
+) -> None:
+    """Call fused_op where node was (its arguments from values, by schema name), hand node's
+    users to it, and erase node and the now unused nodes that fed it (dead, users first)."""
+    # positional, in the schema's order (inductor's lowering normalizes positional calls)
+    args = tuple(values.get(a.name, a.default_value) for a in fused_op._schema.arguments)
+    with graph.inserting_before(node):
+        new = graph.call_function(fused_op, args=args)
+    # the same outputs (shapes, dtypes); not the rest of the old node's meta, whose recorded
+    # eager inputs belong to the old call's schema
+    new.meta["val"] = node.meta["val"]
+    node.replace_all_uses_with(new)
+    graph.erase_node(node)
+    for unused in dead:
+        graph.erase_node(unused)
+
+
 def fuse_linear_quantize(graph: torch.fx.Graph) -> int:
     """Replace quantize_per_token(int8_linear(...)) by int8_linear_quantize_rows where the
     GEMM's float32 output has no other use; returns how many were fused."""
@@ -71,17 +93,7 @@ def fuse_linear_quantize(graph: torch.fx.Graph) -> int:
         lin.pop("out_dtype", None)
         lin.pop("epilogue", None)
         values = {**lin, "multiplier": q.get("multiplier"), "side_index": q.get("side_index")}
-        # positional, in the schema's order (inductor's lowering normalizes positional calls)
-        args = tuple(values.get(a.name, a.default_value) for a in fused_op._schema.arguments)
-        with graph.inserting_before(node):
-            new = graph.call_function(fused_op, args=args)
-        # the same three outputs (shapes, dtypes); not the rest of the old node's meta, whose
-        # recorded eager inputs belong to the quantize call's schema
-        new.meta["val"] = node.meta["val"]
-        node.replace_all_uses_with(new)
-        graph.erase_node(node)
-        for dead in [*chain, source]:
-            graph.erase_node(dead)
+        _replace(graph, node, fused_op, values, [*chain, source])
         fused += 1
     return fused
 
@@ -132,14 +144,7 @@ def fuse_linear_attention(graph: torch.fx.Graph) -> int:
             "scaling": att["scaling"],
             "isa": att.get("isa", "auto"),
         }
-        args = tuple(values.get(a.name, a.default_value) for a in fused_op._schema.arguments)
-        with graph.inserting_before(node):
-            new = graph.call_function(fused_op, args=args)
-        new.meta["val"] = node.meta["val"]
-        node.replace_all_uses_with(new)
-        graph.erase_node(node)
-        for dead in [*chain, source]:
-            graph.erase_node(dead)
+        _replace(graph, node, fused_op, values, [*chain, source])
         fused += 1
     return fused
 
