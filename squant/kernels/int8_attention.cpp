@@ -814,13 +814,12 @@ std::vector<std::vector<int32_t>> attended_keys(const std::optional<at::Tensor>&
   return keys;
 }
 
-// The (batch row b, head) problem on a Q|K|V row block starting at row0 (row stride `stride`
-// floats), written to out's rows of batch row b.
-Head head_of(const float* row0, int64_t stride, int64_t width, int64_t hd, int64_t dim,
-             float* out_b, int64_t seq, const std::vector<int32_t>& keys, double scaling) {
-  const float* q = row0 + hd * dim;
-  return Head{q,        q + width, q + 2 * width, stride, out_b + hd * dim, width, seq, dim,
-              keys.data(), int64_t(keys.size()), float(scaling)};
+// One head's problem: its Q rows from q (row stride `stride` floats), its K and V columns
+// `part` floats after Q's and after K's; output rows from out (row stride out_stride).
+Head head_of(const float* q, int64_t part, int64_t stride, float* out, int64_t out_stride,
+             int64_t seq, int64_t dim, const std::vector<int32_t>& keys, double scaling) {
+  return Head{q,   q + part, q + 2 * part, stride, out, out_stride, seq,
+              dim, keys.data(), int64_t(keys.size()), float(scaling)};
 }
 
 void check_seq(int64_t seq) {
@@ -852,7 +851,8 @@ at::Tensor int8_attention(const at::Tensor& qkv, const std::optional<at::Tensor>
   at::parallel_for(0, batch * num_heads, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t b = t / num_heads, hd = t % num_heads;
-      fn(head_of(base + b * sb, ss, width, hd, dim, obase + b * seq * width, seq, keys[b], scaling));
+      fn(head_of(base + b * sb + hd * dim, width, ss, obase + (b * seq * width + hd * dim), width,
+                 seq, dim, keys[b], scaling));
     }
     release_tiles(fn);
   });
@@ -898,58 +898,49 @@ at::Tensor int8_linear_attention(
               " rows do not split into ", batch, " batch rows");
   const int64_t seq = M / batch, width = out_features / 3, dim = width / num_heads;
   check_seq(seq);
+  const int64_t groups = head_groups(batch, num_heads, dim, at::get_num_threads());
+  if (batch < at::get_num_threads() && groups == 1) {
+    // no split: the projection over all threads, then the attention as its own call runs it
+    at::Tensor qkv = at::empty({M, out_features}, x.options().dtype(at::kFloat));
+    float* qp = qkv.data_ptr<float>();
+    constexpr int64_t kRowsPerTask = 64;
+    at::parallel_for(0, (M + kRowsPerTask - 1) / kRowsPerTask, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        const int64_t m0 = t * kRowsPerTask;
+        linear(m0, std::min(kRowsPerTask, M - m0), 0, out_features, qp + m0 * out_features,
+               out_features);
+      }
+      linear_rows_release();
+    });
+    return int8_attention(qkv.view({batch, seq, out_features}), key_mask, num_heads, scaling, isa);
+  }
   const auto keys = attended_keys(key_mask, batch, seq);
   at::Tensor out = at::empty({batch, seq, width}, x.options().dtype(at::kFloat));
   if (seq == 0) return out;
   const HeadFn fn = pick(std::string(isa), dim, seq);
   float* obase = out.data_ptr<float>();
-  const int64_t threads = at::get_num_threads();
-  const int64_t groups = head_groups(batch, num_heads, dim, threads);
-  if (batch >= threads || groups > 1) {
-    // group g of batch row b: heads [g·hg, (g+1)·hg), their Q, K and V columns side by side
-    const int64_t hg = num_heads / groups, gw = hg * dim, ld = 3 * gw;
-    at::parallel_for(0, batch * groups, 1, [&](int64_t begin, int64_t end) {
-      // uninitialized: every element is written before it is read
-      const std::unique_ptr<float[]> qkv(new float[seq * ld]);
-      for (int64_t t = begin; t < end; ++t) {
-        const int64_t b = t / groups, g = t % groups;
-        if (groups == 1) {
-          linear(b * seq, seq, 0, out_features, qkv.get(), ld);  // the whole row, as it is
-        } else {
-          for (int64_t part = 0; part < 3; ++part) {
-            const int64_t c0 = part * width + g * gw;
-            linear(b * seq, seq, c0, c0 + gw, qkv.get() + part * gw, ld);
-          }
-        }
-        for (int64_t i = 0; i < hg; ++i) {
-          const float* q = qkv.get() + i * dim;
-          const int64_t hd = g * hg + i;
-          fn(Head{q, q + gw, q + 2 * gw, ld, obase + b * seq * width + hd * dim, width, seq,
-                  dim, keys[b].data(), int64_t(keys[b].size()), float(scaling)});
+  // group g of batch row b: heads [g·hg, (g+1)·hg), their Q, K and V columns side by side
+  const int64_t hg = num_heads / groups, gw = hg * dim, ld = 3 * gw;
+  at::parallel_for(0, batch * groups, 1, [&](int64_t begin, int64_t end) {
+    // uninitialized: every element is written before it is read
+    const std::unique_ptr<float[]> qkv(new float[seq * ld]);
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t b = t / groups, g = t % groups;
+      if (groups == 1) {
+        linear(b * seq, seq, 0, out_features, qkv.get(), ld);  // the whole row, as it is
+      } else {
+        for (int64_t part = 0; part < 3; ++part) {
+          const int64_t c0 = part * width + g * gw;
+          linear(b * seq, seq, c0, c0 + gw, qkv.get() + part * gw, ld);
         }
       }
-      linear_rows_release();
-    });
-    return out;
-  }
-  at::Tensor qkv = at::empty({M, out_features}, out.options());
-  float* qp = qkv.data_ptr<float>();
-  constexpr int64_t kRowsPerTask = 64;
-  at::parallel_for(0, (M + kRowsPerTask - 1) / kRowsPerTask, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t m0 = t * kRowsPerTask;
-      linear(m0, std::min(kRowsPerTask, M - m0), 0, out_features, qp + m0 * out_features,
-             out_features);
+      for (int64_t i = 0; i < hg; ++i) {
+        const int64_t hd = g * hg + i;
+        fn(head_of(qkv.get() + i * dim, gw, ld, obase + (b * seq * width + hd * dim), width, seq,
+                   dim, keys[b], scaling));
+      }
     }
     linear_rows_release();
-  });
-  at::parallel_for(0, batch * num_heads, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t b = t / num_heads, hd = t % num_heads;
-      fn(head_of(qp + b * seq * out_features, out_features, width, hd, dim,
-                 obase + b * seq * width, seq, keys[b], scaling));
-    }
-    release_tiles(fn);
   });
   return out;
 }

@@ -40,7 +40,6 @@
 #include <memory>
 #include <string>
 #include <tuple>
-#include <vector>
 
 namespace squant_kernels {
 namespace {
@@ -124,9 +123,10 @@ inline __mmask16 tail_mask(int64_t remaining) {
 }
 
 // exp(x) for x in [-86, 88]: x = n·ln2 + r, |r| <= ln2/2, e^r by a degree-6 polynomial,
-// times 2^n (scalef, exact). The lower clamp keeps n >= -124, so the result is a normal float: on Intel cores a
-// subnormal result or operand costs a microcode assist of ~100+ cycles per instruction (an
-// epilogue full of them ran 15x slower); AMD's cores have no such penalty.
+// times 2^n (scalef, exact). The lower clamp keeps n >= -124, so the result is a normal
+// float: on Intel cores a subnormal result or operand costs a microcode assist of ~100+
+// cycles per instruction (an epilogue full of them ran 15x slower); AMD's cores have no such
+// penalty.
 SQ_AVX512 inline __m512 exp512(__m512 x) {
   x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.f)), _mm512_set1_ps(-86.f));
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
@@ -262,6 +262,30 @@ SQ_AVX512 void quantize_rows_avx512(const float* x, const float* mult, int64_t K
     v = _mm512_add_ps(_mm512_min_ps(_mm512_max_ps(v, lo), hi), zp);
     _mm_mask_storeu_epi8(q + k, m, _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(v)));
   }
+}
+
+inline void quantize_row(bool vector, const float* x, const float* mult, int64_t K,
+                         float* scale, uint8_t* q) {
+  if (vector) {
+    quantize_rows_avx512(x, mult, K, scale, q);
+  } else {
+    quantize_rows_scalar(x, mult, K, scale, q);
+  }
+}
+
+// The per-token quantize's optional operands, checked for an input of K features: the
+// multiplier (float32 [K]; contiguous, or undefined) and the outlier channels' indices.
+at::Tensor checked_multiplier(const std::optional<at::Tensor>& multiplier, int64_t K,
+                              const char* op) {
+  if (!multiplier) return at::Tensor();
+  TORCH_CHECK(multiplier->scalar_type() == at::kFloat && multiplier->numel() == K, op,
+              ": multiplier must be float32 [", K, "]");
+  return multiplier->contiguous();
+}
+
+void check_side_index(const at::Tensor& side_index, const char* op) {
+  TORCH_CHECK(side_index.dim() == 1 && side_index.scalar_type() == at::kLong, op,
+              ": side_index must be int64 [channels]");
 }
 
 template <typename Out>
@@ -446,29 +470,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_linear_quantize_rows(
                                 weight_scale, bias, out_features, activation, row_scale, side_x,
                                 side_w, path);
   const int64_t M = x.size(0), N = out_features;
-  at::Tensor mc, ic;
-  if (multiplier) {
-    TORCH_CHECK(multiplier->scalar_type() == at::kFloat && multiplier->numel() == N,
-                "squant::int8_linear_quantize_rows: multiplier must be float32 [", N, "]");
-    mc = multiplier->contiguous();
-  }
+  constexpr const char* op = "squant::int8_linear_quantize_rows";
+  const at::Tensor mc = checked_multiplier(multiplier, N, op);
+  at::Tensor ic;
   int64_t n_side = 0;
   if (side_index) {
-    TORCH_CHECK(side_index->dim() == 1 && side_index->scalar_type() == at::kLong,
-                "squant::int8_linear_quantize_rows: side_index must be int64 [channels]");
+    check_side_index(*side_index, op);
     ic = side_index->contiguous();
     n_side = ic.numel();
     const int64_t* idx = ic.data_ptr<int64_t>();
     for (int64_t c = 0; c < n_side; ++c) {
-      TORCH_CHECK(idx[c] >= 0 && idx[c] < N, "squant::int8_linear_quantize_rows: side_index ",
-                  idx[c], " is out of range for ", N, " outputs");
+      TORCH_CHECK(idx[c] >= 0 && idx[c] < N, op, ": side_index ", idx[c],
+                  " is out of range for ", N, " outputs");
     }
   }
   at::Tensor q = at::empty({M, N}, x.options().dtype(at::kByte));
   at::Tensor scale = at::empty({M, 1}, x.options().dtype(at::kFloat));
   at::Tensor side = at::empty({M, n_side}, x.options().dtype(at::kFloat));
   if (M == 0) return {q, scale, side};
-  const float* mp = multiplier ? mc.data_ptr<float>() : nullptr;
+  const float* mp = mc.defined() ? mc.data_ptr<float>() : nullptr;
   const int64_t* ip = side_index ? ic.data_ptr<int64_t>() : nullptr;
   uint8_t* qp = q.data_ptr<uint8_t>();
   float* sp = scale.data_ptr<float>();
@@ -487,11 +507,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_linear_quantize_rows(
       for (int64_t i = 0; i < rows; ++i) {
         const int64_t m = m0 + i;
         const float* row = rows_out.get() + i * N;
-        if (vector) {
-          quantize_rows_avx512(row, mp, N, sp + m, qp + m * N);
-        } else {
-          quantize_rows_scalar(row, mp, N, sp + m, qp + m * N);
-        }
+        quantize_row(vector, row, mp, N, sp + m, qp + m * N);
         for (int64_t c = 0; c < n_side; ++c) side_p[m * n_side + c] = row[ip[c]];
       }
     }
@@ -508,40 +524,29 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_per_token(
               x.scalar_type(), " ", x.sizes());
   const int64_t M = x.size(0), K = x.size(1);
   TORCH_CHECK(K > 0, "squant::quantize_per_token: x has no input features");
-  if (multiplier) {
-    TORCH_CHECK(multiplier->scalar_type() == at::kFloat && multiplier->numel() == K,
-                "squant::quantize_per_token: multiplier must be float32 [", K, "]");
-  }
+  constexpr const char* op = "squant::quantize_per_token";
+  const at::Tensor mc = checked_multiplier(multiplier, K, op);
   const std::string p(path);
   TORCH_CHECK(p == "auto" || p == "avx512" || p == "scalar",
               "squant::quantize_per_token: path must be auto, avx512 or scalar");
   const bool vector = p != "scalar" && cpu_has_avx512();
   TORCH_CHECK(p != "avx512" || vector, "squant::quantize_per_token: this CPU has no AVX512");
   const at::Tensor xf = x.to(at::kFloat).contiguous();
-  at::Tensor mc;
-  if (multiplier) mc = multiplier->contiguous();
   at::Tensor q = at::empty({M, K}, x.options().dtype(at::kByte));
   at::Tensor scale = at::empty({M, 1}, x.options().dtype(at::kFloat));
   at::Tensor side;
   if (side_index) {
-    TORCH_CHECK(side_index->dim() == 1 && side_index->scalar_type() == at::kLong,
-                "squant::quantize_per_token: side_index must be int64 [channels]");
+    check_side_index(*side_index, op);
     side = xf.index_select(1, *side_index);
   } else {
     side = at::empty({M, 0}, xf.options());
   }
   const float* xp = xf.data_ptr<float>();
-  const float* mp = multiplier ? mc.data_ptr<float>() : nullptr;
+  const float* mp = mc.defined() ? mc.data_ptr<float>() : nullptr;
   float* sp = scale.data_ptr<float>();
   uint8_t* qp = q.data_ptr<uint8_t>();
   at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t m = begin; m < end; ++m) {
-      if (vector) {
-        quantize_rows_avx512(xp + m * K, mp, K, sp + m, qp + m * K);
-      } else {
-        quantize_rows_scalar(xp + m * K, mp, K, sp + m, qp + m * K);
-      }
-    }
+    for (int64_t m = begin; m < end; ++m) quantize_row(vector, xp + m * K, mp, K, sp + m, qp + m * K);
   });
   return {q, scale, side};
 }

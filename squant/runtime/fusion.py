@@ -66,6 +66,16 @@ def _replace(
         graph.erase_node(unused)
 
 
+def _float_gemm_for_one_use(source: torch.fx.Node, lin: dict[str, Any]) -> bool:
+    """Whether an int8_linear call (its normalized arguments: lin) can join the kernel that
+    reads it: a float32 output on the default epilogue, read by nothing else."""
+    return (
+        len(source.users) == 1
+        and lin.get("out_dtype") in (None, torch.float32)
+        and lin.get("epilogue", "auto") == "auto"
+    )
+
+
 def fuse_linear_quantize(graph: torch.fx.Graph) -> int:
     """Replace quantize_per_token(int8_linear(...)) by int8_linear_quantize_rows where the
     GEMM's float32 output has no other use; returns how many were fused."""
@@ -82,9 +92,7 @@ def fuse_linear_quantize(graph: torch.fx.Graph) -> int:
             continue
         lin = _kwargs(source)
         if (
-            len(source.users) != 1
-            or lin.get("out_dtype") not in (None, torch.float32)
-            or lin.get("epilogue", "auto") != "auto"
+            not _float_gemm_for_one_use(source, lin)
             or q.get("path", "auto") != "auto"
             or _shape(source) is None
             or _shape(source) != _shape(q["x"])
@@ -124,9 +132,7 @@ def fuse_linear_attention(graph: torch.fx.Graph) -> int:
         lin = _kwargs(source)
         qkv_shape = _shape(att["qkv"])
         if (
-            len(source.users) != 1
-            or lin.get("out_dtype") not in (None, torch.float32)
-            or lin.get("epilogue", "auto") != "auto"
+            not _float_gemm_for_one_use(source, lin)
             or lin.get("activation", "none") != "none"
             or qkv_shape is None
             or len(qkv_shape) != 3
