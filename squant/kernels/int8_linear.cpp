@@ -155,11 +155,9 @@ SQ_AVX512 inline __m512 activate512(__m512 v, Act act) {
       // erf(|x|) rounds to 1.0f from |x| = 3.92 on: clamping |x| at 5 changes no result and
       // keeps exp(-x²) far from the subnormal range (see exp512)
       const __m512 ax = _mm512_min_ps(_mm512_abs_ps(x), _mm512_set1_ps(5.f));
-      // t = 1 / d: rcp14 and one Newton step (relative error ~2^-27, under the polynomial's
-      // 1.5e-7); a vector division costs ~16 cycles per 16 floats on Intel cores
-      const __m512 d = _mm512_fmadd_ps(_mm512_set1_ps(kErfP), ax, one);
-      __m512 t = _mm512_rcp14_ps(d);
-      t = _mm512_mul_ps(t, _mm512_fnmadd_ps(d, t, _mm512_set1_ps(2.f)));
+      // a true division: rcp14 and a Newton step measured no faster, on Zen 5 nor on an AMX
+      // Xeon (1024 x 384 x 1536 with GELU, one core: 1.41 vs 1.39 ms)
+      const __m512 t = _mm512_div_ps(one, _mm512_fmadd_ps(_mm512_set1_ps(kErfP), ax, one));
       __m512 poly = _mm512_set1_ps(kErfA5);
       poly = _mm512_fmadd_ps(poly, t, _mm512_set1_ps(kErfA4));
       poly = _mm512_fmadd_ps(poly, t, _mm512_set1_ps(kErfA3));
