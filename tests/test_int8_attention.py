@@ -123,6 +123,21 @@ def test_flat_and_peaked_attention_keep_the_values_scale(paths):
         check_flat_and_peaked(torch.ops.squant.int8_attention, isa)
 
 
+@pytest.mark.parametrize("shape", [*SHAPES, (2, 200, 3, 48), (1, 300, 2, 128)])
+def test_amx_path_equals_the_avx512_vnni_path_bit_for_bit(paths, shape):
+    """The AMX path computes P·V as 8-bit digit products whose s32 sums recombine to the
+    exact 16-bit sums, and Q·Kᵀ in the same integers: its output must equal the AVX512-VNNI
+    path's exactly (padded keys, short row groups, head sizes that are not a multiple of 16
+    or 64, a head size of two tile steps)."""
+    if "amx" not in paths:
+        pytest.skip("this CPU has no AMX-INT8")
+    qkv, mask = random_qkv(shape)
+    h, d = shape[2], shape[3]
+    amx = torch.ops.squant.int8_attention(qkv, mask, h, d**-0.5, "amx")
+    vnni = torch.ops.squant.int8_attention(qkv, mask, h, d**-0.5, "avx512_vnni")
+    assert torch.equal(amx, vnni)
+
+
 def test_paths_this_cpu_lacks_are_refused_by_name(paths):
     from squant.hardware import cpu_features
 

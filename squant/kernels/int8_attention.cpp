@@ -13,9 +13,9 @@
 //   - the output row is written where the attention-output GEMM reads it: [B, S, H·D].
 //
 // Paths, chosen at run time from what this CPU has (or forced by name, for tests):
-//   "amx":         Q·Kᵀ on AMX tiles through oneDNN's brgemm, 64 queries x 64 keys a call,
-//                  the rest as "avx512_vnni"; picked by "auto" for head dims >= 64 and up to
-//                  256 tokens, where it measured faster (see pick);
+//   "amx":         Q·Kᵀ and P·V on AMX tiles, 16 query rows a group (P·V as 8-bit digits,
+//                  exact, see the AMX section); softmax as "avx512_vnni"; picked by "auto"
+//                  where it measured faster (see pick);
 //   "avx512_vnni": vpdpbusd, u8 (query + 128) x s8 (key), minus 128·Σkey, 16 keys per vector;
 //                  P·V with vpdpwssd, 4 query rows x up to 64 value columns per tile;
 //   "avx2":        vpmaddwd on s16-widened values (exact, no vpmaddubsw saturation), 6 query
@@ -34,6 +34,8 @@
 #include "internal.h"
 
 #include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -534,15 +536,11 @@ SQ_VNNI float quantize_row_vnni(const float* x, int64_t n, int8_t* out, int32_t*
   return scale;
 }
 
-SQ_VNNI float softmax_unnormalized_vnni(float* p, int64_t n) {
-  __m512 vm = _mm512_set1_ps(-INFINITY);
-  int64_t j = 0;
-  for (; j + 16 <= n; j += 16) vm = _mm512_max_ps(vm, _mm512_loadu_ps(p + j));
-  float m = _mm512_reduce_max_ps(vm);
-  for (; j < n; ++j) m = std::max(m, p[j]);
+// In place: p[0, n) <- exp(p - m); returns the sum (the tail of n % 16 values by std::exp).
+SQ_VNNI float softmax_exp_vnni(float* p, int64_t n, float m) {
   const __m512 bm = _mm512_set1_ps(m);
   __m512 vs = _mm512_setzero_ps();
-  j = 0;
+  int64_t j = 0;
   for (; j + 16 <= n; j += 16) {
     const __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(p + j), bm));
     _mm512_storeu_ps(p + j, e);
@@ -551,6 +549,15 @@ SQ_VNNI float softmax_unnormalized_vnni(float* p, int64_t n) {
   float sum = _mm512_reduce_add_ps(vs);
   for (; j < n; ++j) sum += (p[j] = std::exp(p[j] - m));
   return sum;
+}
+
+SQ_VNNI float softmax_unnormalized_vnni(float* p, int64_t n) {
+  __m512 vm = _mm512_set1_ps(-INFINITY);
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) vm = _mm512_max_ps(vm, _mm512_loadu_ps(p + j));
+  float m = _mm512_reduce_max_ps(vm);
+  for (; j < n; ++j) m = std::max(m, p[j]);
+  return softmax_exp_vnni(p, n, m);
 }
 
 // The P·V tile: kRows query rows x W blocks of 16 value columns from c0, one vpdpwssd per
@@ -688,69 +695,294 @@ SQ_VNNI void head_vnni(const Head& h) {
 }
 
 // ------------------------------------------------------------------------------------------
-// AMX path: Q·Kᵀ on the tile unit through oneDNN's brgemm (at::native::cpublas::brgemm, as
-// the int8 GEMM uses), 64 queries x 64 keys per call; softmax and P·V as the AVX512-VNNI path.
-// Only where the CPU has AMX-INT8: at 256 keys and 64 dims, Q·Kᵀ is 256 vpdpbusd per query
-// row on the vector path.
+// AMX path: per group of 16 query rows, Q·Kᵀ on the tile unit (u8 query · s8 key, as the
+// AVX512-VNNI path), softmax as that path, then P·V on the tile unit too, with the same exact
+// integer sums as the other paths. AMX multiplies 8-bit numbers only, so the 16-bit
+// probabilities and values go in as two 8-bit digits each:
+//   p = 256·ph + pl (ph in 0..127, pl in 0..255), v = 256·vh + vl (vh in -64..63, vl in 0..255)
+//   Σ p·v = 65536·Σ ph·vh + 256·(Σ ph·vl + Σ pl·vh) + Σ pl·vl
+// four tile products (u8·s8 and u8·u8) into four s32 sums, combined in s32: the tile sums
+// wrap like s32 adds, and the result is the exact Σ p·v the other paths compute (< 2^31, see
+// kProbSteps), so the path's output equals the AVX512-VNNI path's bit for bit. At 256 keys
+// and 64 dims, the vector path spends 256 vpdpbusd (Q·Kᵀ) and 512 vpdpwssd (P·V) per query
+// row; here a group of 16 rows takes 16 + 64 tile products. The tiles are driven directly
+// (one configuration for the whole head), not through oneDNN's brgemm, whose configuration
+// is released first and set again by its next call.
+// Only where the CPU has AMX-INT8 and the OS grants the tile state.
+
+#define SQ_AMX                                                                              \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,amx-tile,amx-int8")))
 
 bool cpu_has_amx_int8() {
   return cpu_has_avx512_vnni() && __builtin_cpu_supports("amx-int8") &&
          __builtin_cpu_supports("amx-tile");
 }
 
-constexpr int64_t kAmxBlock = 64;  // queries per chunk and keys per brgemm call
+// Linux hands out the tile state to a process that asks for it (oneDNN asks too; asking
+// again is harmless).
+bool amx_permitted() {
+  static const bool ok = [] {
+    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return ok;
+}
 
-SQ_VNNI void head_amx(const Head& h) {
-  const int64_t n = h.n_keys, d = h.dim, dp = (d + 3) / 4 * 4, quads = dp / 4;
-  const int64_t kblocks = (n + kAmxBlock - 1) / kAmxBlock, npad = kblocks * kAmxBlock;
-  // keys packed for brgemm's B: [block of 64 keys][quad of dims][key][4] s8
-  std::vector<int8_t> kp(kblocks * quads * kAmxBlock * 4, 0), row(dp, 0);
+constexpr int64_t kTileRows = 16;  // query rows per P·V tile
+constexpr int64_t kTileKeys = 64;  // keys per P·V tile step (64 bytes of a tile row)
+
+// The P·V tiles (see weighted_sums_amx): every tile 16 rows of 64 bytes.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+const TileConfig& weighted_sum_tiles() {
+  static const TileConfig cfg = [] {
+    TileConfig c;
+    for (int t = 0; t < 8; ++t) c.colsb[t] = 64, c.rows[t] = 16;
+    return c;
+  }();
+  return cfg;
+}
+
+// One head's values as two digit planes (vh, then vl), each [block of 16 columns][quad of
+// keys][column][4 keys] bytes, keys padded to npad and columns to dv with zeros; the integers
+// are quantize_values_avx2's (same scales, same rounding).
+SQ_VNNI void value_digits(const Head& h, int64_t npad, int64_t dv, std::vector<uint8_t>& digits,
+                          std::vector<float>& vscale) {
+  const int64_t n = h.n_keys, d = h.dim, quads = npad / 4, plane = dv * npad;
+  std::vector<float> amax(dv, 0.f), inv;
+  for (int64_t j = 0; j < n; ++j) {
+    const float* vr = h.v + h.keys[j] * h.stride;
+    for (int64_t c = 0; c < d; c += 16) {
+      const __mmask16 m = d - c >= 16 ? __mmask16(0xffff) : __mmask16((1u << (d - c)) - 1);
+      _mm512_storeu_ps(&amax[c], _mm512_max_ps(_mm512_loadu_ps(&amax[c]),
+                                               _mm512_abs_ps(_mm512_maskz_loadu_ps(m, vr + c))));
+    }
+  }
+  value_scales(amax, d, dv, inv, vscale);
+  digits.assign(2 * plane, 0);
+  const __m512i lo = _mm512_set1_epi32(-int(kValueSteps)), hi = _mm512_set1_epi32(int(kValueSteps));
+  const __m512i byte = _mm512_set1_epi32(255);
+  for (int64_t j0 = 0; j0 < n; j0 += 4) {
+    for (int64_t c = 0; c < d; c += 16) {
+      const __mmask16 m = d - c >= 16 ? __mmask16(0xffff) : __mmask16((1u << (d - c)) - 1);
+      const __m512 s = _mm512_loadu_ps(&inv[c]);
+      __m128i vh[4], vl[4];
+      for (int64_t k = 0; k < 4; ++k) {
+        __m512i q = _mm512_setzero_si512();
+        if (j0 + k < n) {
+          const float* vr = h.v + h.keys[j0 + k] * h.stride + c;
+          q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, vr), s));
+          q = _mm512_min_epi32(_mm512_max_epi32(q, lo), hi);
+        }
+        vh[k] = _mm512_cvtepi32_epi8(_mm512_srai_epi32(q, 8));
+        vl[k] = _mm512_cvtepi32_epi8(_mm512_and_si512(q, byte));
+      }
+      // 4 keys x 16 columns -> [column][4 keys]
+      uint8_t* dst = &digits[((c / 16) * quads + j0 / 4) * 64];
+      for (int part = 0; part < 2; ++part) {
+        const __m128i* x = part == 0 ? vh : vl;
+        const __m128i t0 = _mm_unpacklo_epi8(x[0], x[1]), t1 = _mm_unpackhi_epi8(x[0], x[1]);
+        const __m128i t2 = _mm_unpacklo_epi8(x[2], x[3]), t3 = _mm_unpackhi_epi8(x[2], x[3]);
+        __m128i* o = reinterpret_cast<__m128i*>(dst + part * plane);
+        _mm_storeu_si128(o, _mm_unpacklo_epi16(t0, t2));
+        _mm_storeu_si128(o + 1, _mm_unpackhi_epi16(t0, t2));
+        _mm_storeu_si128(o + 2, _mm_unpacklo_epi16(t1, t3));
+        _mm_storeu_si128(o + 3, _mm_unpackhi_epi16(t1, t3));
+      }
+    }
+  }
+}
+
+// A row's probabilities as the digit rows ph, pl [0, npad) (zeros past n): q = round(p·k),
+// as probs_to_s16_avx2 rounds them. Returns Σ q.
+SQ_VNNI int32_t probs_to_digits(const float* p, int64_t n, int64_t npad, float k, uint8_t* ph,
+                                uint8_t* pl) {
+  const __m512 vk = _mm512_set1_ps(k);
+  const __m512i byte = _mm512_set1_epi32(255);
+  __m512i vt = _mm512_setzero_si512();
+  for (int64_t j = 0; j < npad; j += 16) {
+    const __mmask16 m = n - j >= 16 ? __mmask16(0xffff) : n > j ? __mmask16((1u << (n - j)) - 1) : 0;
+    const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, p + j), vk));
+    vt = _mm512_add_epi32(vt, q);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(ph + j), _mm512_cvtepi32_epi8(_mm512_srli_epi32(q, 8)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(pl + j), _mm512_cvtepi32_epi8(_mm512_and_si512(q, byte)));
+  }
+  return _mm512_reduce_add_epi32(vt);
+}
+
+// Σ p·v for 16 query rows (digit rows ph, pl, npad bytes apart) and all dv columns, as four
+// sums [16][dv] one after another: Σ ph·vh, Σ ph·vl, Σ pl·vh, Σ pl·vl. One 16-column block a
+// pass, each digit tile loaded once a step and used twice (tiles 4-7), four independent sums
+// (tiles 0-3): no tile is reloaded while the product before it still reads it.
+SQ_AMX void weighted_sums_amx(const uint8_t* ph, const uint8_t* pl, int64_t npad,
+                              const uint8_t* vh, const uint8_t* vl, int64_t dv, int32_t* sums) {
+  const int64_t quads = npad / 4, ld = dv * int64_t(sizeof(int32_t)), plane = kTileRows * dv;
+  for (int64_t c = 0; c < dv; c += 16) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    const int64_t block = (c / 16) * quads * 64;
+    for (int64_t s = 0; s < npad; s += kTileKeys) {
+      const int64_t at = block + s / 4 * 64;
+      _tile_loadd(6, ph + s, npad);
+      _tile_loadd(4, vh + at, 64);
+      _tile_dpbusd(0, 6, 4);  // ph·vh
+      _tile_loadd(5, vl + at, 64);
+      _tile_dpbuud(1, 6, 5);  // ph·vl
+      _tile_loadd(7, pl + s, npad);
+      _tile_dpbusd(2, 7, 4);  // pl·vh
+      _tile_dpbuud(3, 7, 5);  // pl·vl
+    }
+    _tile_stored(0, sums + c, ld);
+    _tile_stored(1, sums + plane + c, ld);
+    _tile_stored(2, sums + 2 * plane + c, ld);
+    _tile_stored(3, sums + 3 * plane + c, ld);
+  }
+}
+
+// Output rows from weighted_sums_amx's four sums: (65536·hh + 256·(hl + lh) + ll) · vscale[c]
+// · inv_total[r], in the order weighted_sum_tile_vnni computes it.
+SQ_VNNI void store_digit_sums(const int32_t* sums, int64_t rows, int64_t d, int64_t dv,
+                              const float* vscale, const float* inv_total, float* out,
+                              int64_t out_stride) {
+  const int64_t plane = kTileRows * dv;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int32_t* hh = sums + r * dv;
+    float* o = out + r * out_stride;
+    for (int64_t c = 0; c < d; c += 16) {
+      const __mmask16 m = d - c >= 16 ? __mmask16(0xffff) : __mmask16((1u << (d - c)) - 1);
+      const __m512i mid = _mm512_add_epi32(_mm512_loadu_si512(hh + plane + c),
+                                           _mm512_loadu_si512(hh + 2 * plane + c));
+      const __m512i acc = _mm512_add_epi32(
+          _mm512_add_epi32(_mm512_slli_epi32(_mm512_loadu_si512(hh + c), 16),
+                           _mm512_slli_epi32(mid, 8)),
+          _mm512_loadu_si512(hh + 3 * plane + c));
+      _mm512_mask_storeu_ps(o + c, m, _mm512_mul_ps(_mm512_cvtepi32_ps(acc),
+                                                    _mm512_mul_ps(_mm512_loadu_ps(vscale + c),
+                                                                  _mm512_set1_ps(inv_total[r]))));
+    }
+  }
+}
+
+// Q·Kᵀ for 16 query rows (qa: u8 rows of dq bytes, dq a multiple of 64) and all npad keys
+// (kp: [block of 16 keys][quad of dims][key][4] s8), as s32 sums into scores [16][npad]. Four
+// key blocks a pass (tiles 0-3), the key tiles alternating between 4 and 5.
+SQ_AMX void scores_amx(const uint8_t* qa, int64_t dq, const int8_t* kp, int64_t npad,
+                       int32_t* scores) {
+  const int64_t steps = dq / 64, block = dq * 16, ld = npad * int64_t(sizeof(int32_t));
+  if (steps == 1) _tile_loadd(6, qa, dq);
+  for (int64_t j = 0; j < npad; j += 64) {
+    const int8_t* kb = kp + (j / 16) * block;
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t s = 0; s < steps; ++s) {
+      if (steps > 1) _tile_loadd(6, qa + s * 64, dq);
+      const int8_t* k = kb + s * 1024;
+      _tile_loadd(4, k, 64);
+      _tile_dpbusd(0, 6, 4);
+      _tile_loadd(5, k + block, 64);
+      _tile_dpbusd(1, 6, 5);
+      _tile_loadd(4, k + 2 * block, 64);
+      _tile_dpbusd(2, 6, 4);
+      _tile_loadd(5, k + 3 * block, 64);
+      _tile_dpbusd(3, 6, 5);
+    }
+    _tile_stored(0, scores + j, ld);
+    _tile_stored(1, scores + j + 16, ld);
+    _tile_stored(2, scores + j + 32, ld);
+    _tile_stored(3, scores + j + 48, ld);
+  }
+}
+
+// Scores of one query row as floats (u8·s8 sums minus 128·Σkey, times the key's and the
+// query's scales), as the AVX512-VNNI path computes them; returns their max over [0, n).
+SQ_VNNI float scale_scores(const int32_t* sr, const int32_t* kcomp, const float* ks, float qs,
+                           int64_t n, float* p) {
+  const __m512 qscale = _mm512_set1_ps(qs);
+  __m512 vm = _mm512_set1_ps(-INFINITY);
+  for (int64_t j = 0; j < n; j += 16) {
+    const __m512 f = _mm512_mul_ps(
+        _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512(sr + j), _mm512_loadu_si512(kcomp + j))),
+        _mm512_mul_ps(_mm512_loadu_ps(ks + j), qscale));
+    _mm512_storeu_ps(p + j, f);
+    vm = _mm512_mask_max_ps(vm, n - j >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - j)) - 1), vm, f);
+  }
+  return _mm512_reduce_max_ps(vm);
+}
+
+// quantize_row_vnni, written as u8 = s8 + 128 (the top bit flipped) for the tile's u8 operand.
+SQ_VNNI float quantize_row_u8(const float* x, int64_t d, uint8_t* out) {
+  int8_t* q = reinterpret_cast<int8_t*>(out);
+  const float scale = quantize_row_vnni(x, d, q);
+  const __m512i flip = _mm512_set1_epi8(char(0x80));
+  for (int64_t c = 0; c < d; c += 64) {
+    const __mmask64 m = d - c >= 64 ? ~__mmask64(0) : (__mmask64(1) << (d - c)) - 1;
+    _mm512_mask_storeu_epi8(out + c, m, _mm512_xor_si512(_mm512_maskz_loadu_epi8(m, q + c), flip));
+  }
+  return scale;
+}
+
+SQ_AMX void head_amx(const Head& h) {
+  TORCH_CHECK(amx_permitted(), "squant int8 attention: the OS refused this process AMX tiles");
+  const int64_t n = h.n_keys, d = h.dim, dq = (d + 63) / 64 * 64, dquads = dq / 4;
+  const int64_t npad = (n + kTileKeys - 1) / kTileKeys * kTileKeys;
+  // keys for the tiles: [block of 16 keys][quad of dims][key][4] s8, zero past d and n
+  std::vector<int8_t> kp(npad * dq, 0), row(dq, 0);
   std::vector<int32_t> kcomp(npad, 0);  // 128 · Σ key, removed from the u8 · s8 sums
   std::vector<float> ks(npad, 0.f);
+  int32_t* kp32 = reinterpret_cast<int32_t*>(kp.data());
   for (int64_t j = 0; j < n; ++j) {
     if (j + kAhead < n) prefetch_row(h.k + h.keys[j + kAhead] * h.stride, d);
     int32_t sum = 0;
     ks[j] = quantize_row_vnni(h.k + h.keys[j] * h.stride, d, row.data(), &sum);
     kcomp[j] = 128 * sum;
-    int8_t* dst = &kp[(j / kAmxBlock) * quads * kAmxBlock * 4 + (j % kAmxBlock) * 4];
-    for (int64_t c = 0; c < quads; ++c) std::memcpy(dst + c * kAmxBlock * 4, row.data() + 4 * c, 4);
+    int32_t* dst = kp32 + (j / 16) * dquads * 16 + j % 16;
+    for (int64_t c = 0; c < (d + 3) / 4; ++c) std::memcpy(dst + c * 16, row.data() + 4 * c, 4);
   }
-  const int64_t vpairs = (n + 1) / 2;
+  const int64_t dv = padded_value_dim(d);
   std::vector<float> vscale;
-  std::vector<int16_t> vq, pq(kRows * 2 * vpairs);
-  quantize_values_avx2(h, vq, vscale);
-  std::vector<uint8_t> qa(kAmxBlock * dp, 128);  // u8 = s8 + 128; padded dims meet zero keys
-  std::vector<int32_t> scores(kAmxBlock * npad);
-  std::vector<float> p(kRows * npad);
-  std::vector<int8_t> qrow(dp, 0);
-  float qs[kAmxBlock];
-  for (int64_t c0 = 0; c0 < h.seq; c0 += kAmxBlock) {
-    const int64_t chunk = std::min(kAmxBlock, h.seq - c0);
-    for (int64_t r = 0; r < chunk; ++r) {
-      if (r + kAhead < chunk) prefetch_row(h.q + (c0 + r + kAhead) * h.stride, d);
-      qs[r] = quantize_row_vnni(h.q + (c0 + r) * h.stride, d, qrow.data()) * h.scaling;
-      for (int64_t c = 0; c < d; ++c) qa[r * dp + c] = uint8_t(qrow[c] ^ 0x80);
+  std::vector<uint8_t> vdigits;
+  value_digits(h, npad, dv, vdigits, vscale);
+  std::vector<uint8_t> qa(kTileRows * dq, 128);  // padded dims: u8 128 = s8 0, meet zero keys
+  std::vector<int32_t> scores(kTileRows * npad), sums(4 * kTileRows * dv);
+  std::vector<float> p(npad);
+  std::vector<uint8_t> pdigits(2 * kTileRows * npad);
+  uint8_t *ph = pdigits.data(), *pl = ph + kTileRows * npad;
+  float qs[kTileRows], inv_total[kTileRows];
+  // oneDNN's brgemm keeps its tile configuration loaded between calls: release it (its next
+  // call configures again), then load ours for this head
+  at::native::cpublas::brgemm_release(true);
+  _tile_loadconfig(&weighted_sum_tiles());
+  for (int64_t i0 = 0; i0 < h.seq; i0 += kTileRows) {
+    const int64_t rows = std::min<int64_t>(kTileRows, h.seq - i0);
+    for (int64_t r = 0; r < rows; ++r) {
+      if (r + kAhead < rows) prefetch_row(h.q + (i0 + r + kAhead) * h.stride, d);
+      qs[r] = quantize_row_u8(h.q + (i0 + r) * h.stride, d, &qa[r * dq]) * h.scaling;
     }
-    for (int64_t b = 0; b < kblocks; ++b) {
-      at::native::cpublas::brgemm(chunk, kAmxBlock, dp, dp, kAmxBlock, npad, false, qa.data(),
-                                  &kp[b * quads * kAmxBlock * 4], &scores[b * kAmxBlock], true);
+    scores_amx(qa.data(), dq, kp.data(), npad, scores.data());
+    for (int64_t r = 0; r < rows; ++r) {
+      const float m = scale_scores(&scores[r * npad], kcomp.data(), ks.data(), qs[r], n, p.data());
+      const float sum = softmax_exp_vnni(p.data(), n, m);
+      const int32_t total =
+          probs_to_digits(p.data(), n, npad, kProbSteps / sum, ph + r * npad, pl + r * npad);
+      inv_total[r] = 1.f / float(total);
     }
-    for (int64_t i0 = 0; i0 < chunk; i0 += kRows) {
-      const int64_t rows = std::min<int64_t>(kRows, chunk - i0);
-      for (int64_t r = 0; r < rows; ++r) {
-        const int32_t* sr = &scores[(i0 + r) * npad];
-        const __m512 qscale = _mm512_set1_ps(qs[i0 + r]);
-        for (int64_t j = 0; j < n; j += 16) {
-          const __m512 f = _mm512_mul_ps(
-              _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512(sr + j),
-                                                  _mm512_loadu_si512(&kcomp[j]))),
-              _mm512_mul_ps(_mm512_loadu_ps(&ks[j]), qscale));
-          _mm512_storeu_ps(&p[r * npad + j], f);
-        }
-      }
-      attend_rows(p.data(), npad, rows, n, d, vpairs, pq.data(), vq.data(), vscale.data(),
-                  h.out + (c0 + i0) * h.out_stride, h.out_stride);
+    if (rows < kTileRows) {  // a short group: its missing rows weigh nothing
+      std::memset(ph + rows * npad, 0, (kTileRows - rows) * npad);
+      std::memset(pl + rows * npad, 0, (kTileRows - rows) * npad);
     }
+    weighted_sums_amx(ph, pl, npad, vdigits.data(), vdigits.data() + dv * npad, dv, sums.data());
+    store_digit_sums(sums.data(), rows, d, dv, vscale.data(), inv_total,
+                     h.out + i0 * h.out_stride, h.out_stride);
   }
 }
 
@@ -759,19 +991,19 @@ SQ_VNNI void head_amx(const Head& h) {
 
 using HeadFn = void (*)(const Head&);
 
-// A thread that ran the AMX path gives its tile state back (at::native::cpublas::brgemm_release)
-// when its share of the heads is done.
+// A thread that ran the AMX path gives its tile state back when its share of the heads is done
+// (at::native::cpublas::brgemm_release also tells oneDNN its own tile configuration is gone).
 void release_tiles(HeadFn fn) {
   if (fn == head_amx) at::native::cpublas::brgemm_release(true);
 }
 
-// "auto": the AMX path only where it measured faster than AVX512-VNNI (one Xeon core, 12
-// heads: 64 dims x 128 keys 0.41 vs 0.43 ms, x 256 keys 1.36-1.44 vs 1.56 ms; but 64 x 512
-// 6.21 vs 5.93 ms, and 32 dims x 128 keys 2.35 vs 2.23 ms at batch 8: half of each tile row
-// then multiplies padding, and the scores' trip through memory costs what the tiles save).
-HeadFn pick(const std::string& isa, int64_t dim, int64_t seq) {
+// "auto": the AMX path where it measured faster than AVX512-VNNI: head dims >= 64 (one Xeon
+// core, 12 heads, 64 dims: 128 keys 0.36 vs 0.38 ms, 256 keys 1.11 vs 1.39 ms, 512 keys 3.36
+// vs 5.01 ms). Not at 32 dims (8 x 128 keys: 2.37 vs 2.17 ms): Q·Kᵀ's tiles then multiply as
+// many padded dims as real ones.
+HeadFn pick(const std::string& isa, int64_t dim) {
   if (isa == "auto") {
-    if (cpu_has_amx_int8() && dim >= 64 && seq <= 256) return head_amx;
+    if (cpu_has_amx_int8() && dim >= 64) return head_amx;
     if (cpu_has_avx512_vnni()) return head_vnni;
     if (cpu_has_avx2()) return head_avx2;
     return head_scalar;
@@ -844,7 +1076,7 @@ at::Tensor int8_attention(const at::Tensor& qkv, const std::optional<at::Tensor>
   const auto keys = attended_keys(key_mask, batch, seq);
   at::Tensor out = at::empty({batch, seq, width}, x.options());
   if (batch == 0 || seq == 0) return out.to(in_dtype);
-  const HeadFn fn = pick(std::string(isa), dim, seq);
+  const HeadFn fn = pick(std::string(isa), dim);
   const float* base = x.data_ptr<float>();
   float* obase = out.data_ptr<float>();
   const int64_t sb = x.stride(0), ss = x.stride(1);
@@ -917,7 +1149,7 @@ at::Tensor int8_linear_attention(
   const auto keys = attended_keys(key_mask, batch, seq);
   at::Tensor out = at::empty({batch, seq, width}, x.options().dtype(at::kFloat));
   if (seq == 0) return out;
-  const HeadFn fn = pick(std::string(isa), dim, seq);
+  const HeadFn fn = pick(std::string(isa), dim);
   float* obase = out.data_ptr<float>();
   // group g of batch row b: heads [g·hg, (g+1)·hg), their Q, K and V columns side by side
   const int64_t hg = num_heads / groups, gw = hg * dim, ld = 3 * gw;
