@@ -731,7 +731,6 @@ bool amx_permitted() {
 constexpr int64_t kTileRows = 16;  // query rows per P·V tile
 constexpr int64_t kTileKeys = 64;  // keys per P·V tile step (64 bytes of a tile row)
 
-// The P·V tiles (see weighted_sums_amx): every tile 16 rows of 64 bytes.
 struct alignas(64) TileConfig {
   uint8_t palette = 1;
   uint8_t start_row = 0;
@@ -740,7 +739,7 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-const TileConfig& weighted_sum_tiles() {
+const TileConfig& attention_tiles() {
   static const TileConfig cfg = [] {
     TileConfig c;
     for (int t = 0; t < 8; ++t) c.colsb[t] = 64, c.rows[t] = 16;
@@ -816,90 +815,97 @@ SQ_VNNI int32_t probs_to_digits(const float* p, int64_t n, int64_t npad, float k
   return _mm512_reduce_add_epi32(vt);
 }
 
-// Σ p·v for 16 query rows (digit rows ph, pl, npad bytes apart) and all dv columns, as four
-// sums [16][dv] one after another: Σ ph·vh, Σ ph·vl, Σ pl·vh, Σ pl·vl. One 16-column block a
-// pass, each digit tile loaded once a step and used twice (tiles 4-7), four independent sums
-// (tiles 0-3): no tile is reloaded while the product before it still reads it.
-SQ_AMX void weighted_sums_amx(const uint8_t* ph, const uint8_t* pl, int64_t npad,
-                              const uint8_t* vh, const uint8_t* vl, int64_t dv, int32_t* sums) {
-  const int64_t quads = npad / 4, ld = dv * int64_t(sizeof(int32_t)), plane = kTileRows * dv;
-  for (int64_t c = 0; c < dv; c += 16) {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    const int64_t block = (c / 16) * quads * 64;
-    for (int64_t s = 0; s < npad; s += kTileKeys) {
-      const int64_t at = block + s / 4 * 64;
-      _tile_loadd(6, ph + s, npad);
-      _tile_loadd(4, vh + at, 64);
-      _tile_dpbusd(0, 6, 4);  // ph·vh
-      _tile_loadd(5, vl + at, 64);
-      _tile_dpbuud(1, 6, 5);  // ph·vl
-      _tile_loadd(7, pl + s, npad);
-      _tile_dpbusd(2, 7, 4);  // pl·vh
-      _tile_dpbuud(3, 7, 5);  // pl·vl
-    }
-    _tile_stored(0, sums + c, ld);
-    _tile_stored(1, sums + plane + c, ld);
-    _tile_stored(2, sums + 2 * plane + c, ld);
-    _tile_stored(3, sums + 3 * plane + c, ld);
-  }
-}
+// The tile unit works beside the vector units, but a product's results, read back right after
+// its tile stores, stall the core until the products are done; and a tile instruction holds
+// up retirement, so only work close behind it in the instruction stream overlaps it. So the
+// tile work is cut into small units interleaved with the softmax rows of the next group: while
+// group g's rows go through softmax (vector), group g+1's Q·Kᵀ and group g-1's P·V run on the
+// tiles, one unit or so per row; group g-2's P·V sums are read at the start of step g.
+//
+// Tiles: 0-4 P·V (0 Σ ph·vh, 1 Σ ph·vl + pl·vh, 2 Σ pl·vl, 3 probability digits, 4 value
+// digits), 5-7 Q·Kᵀ (5 scores, 6 queries, 7 keys); every tile 16 rows of 64 bytes.
 
-// Output rows from weighted_sums_amx's four sums: (65536·hh + 256·(hl + lh) + ll) · vscale[c]
-// · inv_total[r], in the order weighted_sum_tile_vnni computes it.
+// Σ p·v of 16 query rows (digit rows ph, pl, npad bytes apart) over all dv columns, into
+// three sums [16][dv] one after another (hh, mid, ll), one unit a call: unit u covers the
+// 16-column block u / (npad / 64) and the 64 keys u % (npad / 64).
+struct WeightedSums {
+  const uint8_t* ph;
+  const uint8_t* pl;
+  const uint8_t* vh;
+  const uint8_t* vl;
+  int32_t* sums;
+  int64_t npad, dv, unit = 0, units = 0;
+
+  SQ_AMX void run(int64_t count) {
+    const int64_t steps = npad / 64, quads = npad / 4, ld = dv * int64_t(sizeof(int32_t));
+    for (; count > 0 && unit < units; --count, ++unit) {
+      const int64_t c = (unit / steps) * 16, s = (unit % steps) * 64;
+      const int64_t at = (c / 16) * quads * 64 + s / 4 * 64;
+      if (s == 0) {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+      }
+      _tile_loadd(3, ph + s, npad);
+      _tile_loadd(4, vh + at, 64);
+      _tile_dpbusd(0, 3, 4);  // ph·vh
+      _tile_loadd(4, vl + at, 64);
+      _tile_dpbuud(1, 3, 4);  // ph·vl
+      _tile_loadd(3, pl + s, npad);
+      _tile_dpbuud(2, 3, 4);  // pl·vl
+      _tile_loadd(4, vh + at, 64);
+      _tile_dpbusd(1, 3, 4);  // pl·vh
+      if (s + 64 == npad) {
+        _tile_stored(0, sums + c, ld);
+        _tile_stored(1, sums + 16 * dv + c, ld);
+        _tile_stored(2, sums + 32 * dv + c, ld);
+      }
+    }
+  }
+};
+
+// Q·Kᵀ of 16 query rows (qa: u8 rows of dq bytes, dq a multiple of 64) against npad keys
+// (kp: [block of 16 keys][quad of dims][key][4] s8) as s32 sums into scores [16][npad], one
+// block of 16 keys a unit.
+struct Scores {
+  const uint8_t* qa;
+  const int8_t* kp;
+  int32_t* scores;
+  int64_t dq, npad, unit = 0, units = 0;
+
+  SQ_AMX void run(int64_t count) {
+    const int64_t steps = dq / 64, block = dq * 16, ld = npad * int64_t(sizeof(int32_t));
+    for (; count > 0 && unit < units; --count, ++unit) {
+      if (steps == 1 && unit == 0) _tile_loadd(6, qa, dq);
+      _tile_zero(5);
+      for (int64_t s = 0; s < steps; ++s) {
+        if (steps > 1) _tile_loadd(6, qa + s * 64, dq);
+        _tile_loadd(7, kp + unit * block + s * 1024, 64);
+        _tile_dpbusd(5, 6, 7);
+      }
+      _tile_stored(5, scores + unit * 16, ld);
+    }
+  }
+};
+
+// Output rows from the three P·V sums: (65536·hh + 256·mid + ll) · vscale[c] · inv_total[r],
+// in the order weighted_sum_tile_vnni computes it.
 SQ_VNNI void store_digit_sums(const int32_t* sums, int64_t rows, int64_t d, int64_t dv,
                               const float* vscale, const float* inv_total, float* out,
                               int64_t out_stride) {
-  const int64_t plane = kTileRows * dv;
   for (int64_t r = 0; r < rows; ++r) {
     const int32_t* hh = sums + r * dv;
     float* o = out + r * out_stride;
     for (int64_t c = 0; c < d; c += 16) {
       const __mmask16 m = d - c >= 16 ? __mmask16(0xffff) : __mmask16((1u << (d - c)) - 1);
-      const __m512i mid = _mm512_add_epi32(_mm512_loadu_si512(hh + plane + c),
-                                           _mm512_loadu_si512(hh + 2 * plane + c));
       const __m512i acc = _mm512_add_epi32(
           _mm512_add_epi32(_mm512_slli_epi32(_mm512_loadu_si512(hh + c), 16),
-                           _mm512_slli_epi32(mid, 8)),
-          _mm512_loadu_si512(hh + 3 * plane + c));
+                           _mm512_slli_epi32(_mm512_loadu_si512(hh + 16 * dv + c), 8)),
+          _mm512_loadu_si512(hh + 32 * dv + c));
       _mm512_mask_storeu_ps(o + c, m, _mm512_mul_ps(_mm512_cvtepi32_ps(acc),
                                                     _mm512_mul_ps(_mm512_loadu_ps(vscale + c),
                                                                   _mm512_set1_ps(inv_total[r]))));
     }
-  }
-}
-
-// Q·Kᵀ for 16 query rows (qa: u8 rows of dq bytes, dq a multiple of 64) and all npad keys
-// (kp: [block of 16 keys][quad of dims][key][4] s8), as s32 sums into scores [16][npad]. Four
-// key blocks a pass (tiles 0-3), the key tiles alternating between 4 and 5.
-SQ_AMX void scores_amx(const uint8_t* qa, int64_t dq, const int8_t* kp, int64_t npad,
-                       int32_t* scores) {
-  const int64_t steps = dq / 64, block = dq * 16, ld = npad * int64_t(sizeof(int32_t));
-  if (steps == 1) _tile_loadd(6, qa, dq);
-  for (int64_t j = 0; j < npad; j += 64) {
-    const int8_t* kb = kp + (j / 16) * block;
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    for (int64_t s = 0; s < steps; ++s) {
-      if (steps > 1) _tile_loadd(6, qa + s * 64, dq);
-      const int8_t* k = kb + s * 1024;
-      _tile_loadd(4, k, 64);
-      _tile_dpbusd(0, 6, 4);
-      _tile_loadd(5, k + block, 64);
-      _tile_dpbusd(1, 6, 5);
-      _tile_loadd(4, k + 2 * block, 64);
-      _tile_dpbusd(2, 6, 4);
-      _tile_loadd(5, k + 3 * block, 64);
-      _tile_dpbusd(3, 6, 5);
-    }
-    _tile_stored(0, scores + j, ld);
-    _tile_stored(1, scores + j + 16, ld);
-    _tile_stored(2, scores + j + 32, ld);
-    _tile_stored(3, scores + j + 48, ld);
   }
 }
 
@@ -953,37 +959,72 @@ SQ_AMX void head_amx(const Head& h) {
   std::vector<uint8_t> vdigits;
   value_digits(h, npad, dv, vdigits, vscale);
   std::vector<uint8_t> qa(kTileRows * dq, 128);  // padded dims: u8 128 = s8 0, meet zero keys
-  std::vector<int32_t> scores(kTileRows * npad), sums(4 * kTileRows * dv);
+  // two of each: the groups in flight (see above)
+  std::vector<int32_t> scores(2 * kTileRows * npad), sums(2 * 3 * kTileRows * dv);
+  std::vector<uint8_t> pdigits(2 * 2 * kTileRows * npad);
   std::vector<float> p(npad);
-  std::vector<uint8_t> pdigits(2 * kTileRows * npad);
-  uint8_t *ph = pdigits.data(), *pl = ph + kTileRows * npad;
-  float qs[kTileRows], inv_total[kTileRows];
+  float qs[2][kTileRows], inv_total[2][kTileRows];
+  const int64_t groups = (h.seq + kTileRows - 1) / kTileRows;
+  auto rows_of = [&](int64_t g) { return std::min<int64_t>(kTileRows, h.seq - g * kTileRows); };
+  auto digits_of = [&](int64_t g) { return &pdigits[(g % 2) * 2 * kTileRows * npad]; };
+  auto sums_of = [&](int64_t g) { return &sums[(g % 2) * 3 * kTileRows * dv]; };
+  // group g's queries quantized for the tiles; its Q·Kᵀ then runs unit by unit
+  auto scores_for = [&](int64_t g) {
+    const int64_t i0 = g * kTileRows, rows = rows_of(g);
+    for (int64_t r = 0; r < rows; ++r) {
+      if (r + kAhead < rows) prefetch_row(h.q + (i0 + r + kAhead) * h.stride, d);
+      qs[g % 2][r] = quantize_row_u8(h.q + (i0 + r) * h.stride, d, &qa[r * dq]) * h.scaling;
+    }
+    return Scores{qa.data(), kp.data(), &scores[(g % 2) * kTileRows * npad], dq, npad, 0,
+                  npad / 16};
+  };
+  auto weighted_sums_for = [&](int64_t g) {
+    const uint8_t* ph = digits_of(g);
+    return WeightedSums{ph, ph + kTileRows * npad, vdigits.data(), vdigits.data() + dv * npad,
+                        sums_of(g), npad, dv, 0, (dv / 16) * (npad / 64)};
+  };
+  auto finish = [&](int64_t g) {
+    store_digit_sums(sums_of(g), rows_of(g), d, dv, vscale.data(), inv_total[g % 2],
+                     h.out + g * kTileRows * h.out_stride, h.out_stride);
+  };
   // oneDNN's brgemm keeps its tile configuration loaded between calls: release it (its next
   // call configures again), then load ours for this head
   at::native::cpublas::brgemm_release(true);
-  _tile_loadconfig(&weighted_sum_tiles());
-  for (int64_t i0 = 0; i0 < h.seq; i0 += kTileRows) {
-    const int64_t rows = std::min<int64_t>(kTileRows, h.seq - i0);
-    for (int64_t r = 0; r < rows; ++r) {
-      if (r + kAhead < rows) prefetch_row(h.q + (i0 + r + kAhead) * h.stride, d);
-      qs[r] = quantize_row_u8(h.q + (i0 + r) * h.stride, d, &qa[r * dq]) * h.scaling;
+  _tile_loadconfig(&attention_tiles());
+  Scores next = scores_for(0);
+  next.run(next.units);
+  WeightedSums previous{};
+  for (int64_t g = 0; g <= groups; ++g) {
+    if (g >= 2) finish(g - 2);
+    Scores current = next;
+    if (g + 1 < groups) next = scores_for(g + 1);
+    else next.units = next.unit = 0;
+    if (g < groups) {
+      const int64_t rows = rows_of(g);
+      const int64_t pv_per_row = (previous.units + rows - 1) / rows;
+      const int64_t qk_per_row = (next.units + rows - 1) / rows;
+      uint8_t* ph = digits_of(g);
+      uint8_t* pl = ph + kTileRows * npad;
+      for (int64_t r = 0; r < rows; ++r) {
+        const float m = scale_scores(&current.scores[r * npad], kcomp.data(), ks.data(),
+                                     qs[g % 2][r], n, p.data());
+        previous.run(pv_per_row);
+        next.run(qk_per_row);
+        const float sum = softmax_exp_vnni(p.data(), n, m);
+        const int32_t total =
+            probs_to_digits(p.data(), n, npad, kProbSteps / sum, ph + r * npad, pl + r * npad);
+        inv_total[g % 2][r] = 1.f / float(total);
+      }
+      if (rows < kTileRows) {  // a short group: its missing rows weigh nothing
+        std::memset(ph + rows * npad, 0, (kTileRows - rows) * npad);
+        std::memset(pl + rows * npad, 0, (kTileRows - rows) * npad);
+      }
     }
-    scores_amx(qa.data(), dq, kp.data(), npad, scores.data());
-    for (int64_t r = 0; r < rows; ++r) {
-      const float m = scale_scores(&scores[r * npad], kcomp.data(), ks.data(), qs[r], n, p.data());
-      const float sum = softmax_exp_vnni(p.data(), n, m);
-      const int32_t total =
-          probs_to_digits(p.data(), n, npad, kProbSteps / sum, ph + r * npad, pl + r * npad);
-      inv_total[r] = 1.f / float(total);
-    }
-    if (rows < kTileRows) {  // a short group: its missing rows weigh nothing
-      std::memset(ph + rows * npad, 0, (kTileRows - rows) * npad);
-      std::memset(pl + rows * npad, 0, (kTileRows - rows) * npad);
-    }
-    weighted_sums_amx(ph, pl, npad, vdigits.data(), vdigits.data() + dv * npad, dv, sums.data());
-    store_digit_sums(sums.data(), rows, d, dv, vscale.data(), inv_total,
-                     h.out + i0 * h.out_stride, h.out_stride);
+    previous.run(previous.units);
+    next.run(next.units);
+    if (g < groups) previous = weighted_sums_for(g);
   }
+  finish(groups - 1);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -998,9 +1039,9 @@ void release_tiles(HeadFn fn) {
 }
 
 // "auto": the AMX path where it measured faster than AVX512-VNNI: head dims >= 64 (one Xeon
-// core, 12 heads, 64 dims: 128 keys 0.36 vs 0.38 ms, 256 keys 1.11 vs 1.39 ms, 512 keys 3.36
-// vs 5.01 ms). Not at 32 dims (8 x 128 keys: 2.37 vs 2.17 ms): Q·Kᵀ's tiles then multiply as
-// many padded dims as real ones.
+// core, 12 heads, 64 dims: 128 keys 0.36 vs 0.36 ms, 256 keys 1.03-1.09 vs 1.37-1.41 ms, 512
+// keys 3.38 vs 5.01 ms). Not at 32 dims (8 x 128 keys: 2.43 vs 2.16 ms, even with half-width
+// query and key tiles): there the softmax and the digits cost more than the products save.
 HeadFn pick(const std::string& isa, int64_t dim) {
   if (isa == "auto") {
     if (cpu_has_amx_int8() && dim >= 64) return head_amx;
