@@ -117,11 +117,13 @@ def _exact_reference(x_q, w_q, x_scale, zp, w_scale, bias, activation):
 @pytest.mark.parametrize("epilogue", ["auto", "scalar"])
 @pytest.mark.parametrize(
     ("rows", "inputs", "outputs"),
-    [(1, 8, 3), (7, 64, 100), (65, 96, 128), (130, 384, 200)],  # row and column tails
+    # row and column tails; 8.6 MB of weights, more than any core's L2: tasks by weight block
+    [(1, 8, 3), (7, 64, 100), (65, 96, 128), (130, 384, 200), (130, 4096, 2112)],
 )
 def test_squant_gemm_matches_exact_integer_math(activation, epilogue, rows, inputs, outputs):
-    """squant's kernel on any shape (rows and outputs not multiples of its 64 x 64 blocks),
-    every activation and both epilogues (the AVX512 one where the CPU has it, and plain C++),
+    """squant's kernel on any shape (rows and outputs not multiples of its 64 x 64 blocks;
+    weights that fit in L2 and weights that do not, which change the task order), every
+    activation and both epilogues (the AVX512 one where the CPU has it, and plain C++),
     against float64 math on the same integers: relative error <= 1e-6 (float32 rounding and
     the erf approximation's 1.5e-7)."""
     _squant_gemm_or_skip()
@@ -370,13 +372,20 @@ def test_quantize_per_token_kernel_refuses_bad_operands():
 @pytest.mark.parametrize("dynamic", [False, True])
 @pytest.mark.parametrize(
     ("rows", "inputs", "outputs", "threads"),
-    [(1, 64, 100, 2), (37, 96, 130, 2), (130, 384, 1536, 2), (130, 96, 200, 1)],
+    [
+        (1, 64, 100, 2),
+        (37, 96, 130, 2),
+        (130, 384, 1536, 2),
+        (130, 96, 200, 1),
+        (130, 4096, 2112, 2),
+    ],
 )
 def test_linear_then_per_token_quantize_in_one_call_is_exact(
     path, dynamic, rows, inputs, outputs, threads
 ):
     """int8_linear_quantize_rows = quantize_per_token(int8_linear(...)): the same integers,
-    scales and outlier channels, bit for bit, on row and column tails, with the dynamic
+    scales and outlier channels, bit for bit, on row and column tails, with weights that fit
+    in a core's L2 (rows kept in cache) and weights that do not (GEMM first), with the dynamic
     epilogue (row scale and float side product) and without, on both paths."""
     _squant_gemm_or_skip()
     g = torch.Generator().manual_seed(rows + outputs)
