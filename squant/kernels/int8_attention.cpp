@@ -748,9 +748,17 @@ const TileConfig& attention_tiles() {
   return cfg;
 }
 
+// Digit rows hold each block of 64 keys in the order two pack steps leave them in: byte quad
+// 4l + t (l = 128-bit lane, t = source vector) holds key quad 4t + l. The value digits are
+// stored in the same order (see key_quad_row), so the tile products pair the right keys.
+inline int64_t key_quad_row(int64_t q) {
+  const int64_t w = q % 16;
+  return q - w + 4 * (w % 4) + w / 4;
+}
+
 // One head's values as two digit planes (vh, then vl), each [block of 16 columns][quad of
-// keys][column][4 keys] bytes, keys padded to npad and columns to dv with zeros; the integers
-// are quantize_values_avx2's (same scales, same rounding).
+// keys, in key_quad_row's order][column][4 keys] bytes, keys padded to npad and columns to dv
+// with zeros; the integers are quantize_values_avx2's (same scales, same rounding).
 SQ_VNNI void value_digits(const Head& h, int64_t npad, int64_t dv, std::vector<uint8_t>& digits,
                           std::vector<float>& vscale) {
   const int64_t n = h.n_keys, d = h.dim, quads = npad / 4, plane = dv * npad;
@@ -783,7 +791,7 @@ SQ_VNNI void value_digits(const Head& h, int64_t npad, int64_t dv, std::vector<u
         vl[k] = _mm512_cvtepi32_epi8(_mm512_and_si512(q, byte));
       }
       // 4 keys x 16 columns -> [column][4 keys]
-      uint8_t* dst = &digits[((c / 16) * quads + j0 / 4) * 64];
+      uint8_t* dst = &digits[((c / 16) * quads + key_quad_row(j0 / 4)) * 64];
       for (int part = 0; part < 2; ++part) {
         const __m128i* x = part == 0 ? vh : vl;
         const __m128i t0 = _mm_unpacklo_epi8(x[0], x[1]), t1 = _mm_unpackhi_epi8(x[0], x[1]);
@@ -799,18 +807,25 @@ SQ_VNNI void value_digits(const Head& h, int64_t npad, int64_t dv, std::vector<u
 }
 
 // A row's probabilities as the digit rows ph, pl [0, npad) (zeros past n): q = round(p·k),
-// as probs_to_s16_avx2 rounds them. Returns Σ q.
+// as probs_to_s16_avx2 rounds them; 64 keys a step, packed to bytes by vpackus (two shuffles
+// per 32 keys where vpmovdb takes four). Returns Σ q.
 SQ_VNNI int32_t probs_to_digits(const float* p, int64_t n, int64_t npad, float k, uint8_t* ph,
                                 uint8_t* pl) {
   const __m512 vk = _mm512_set1_ps(k);
-  const __m512i byte = _mm512_set1_epi32(255);
+  const __m512i byte = _mm512_set1_epi16(255);
   __m512i vt = _mm512_setzero_si512();
-  for (int64_t j = 0; j < npad; j += 16) {
-    const __mmask16 m = n - j >= 16 ? __mmask16(0xffff) : n > j ? __mmask16((1u << (n - j)) - 1) : 0;
-    const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, p + j), vk));
-    vt = _mm512_add_epi32(vt, q);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(ph + j), _mm512_cvtepi32_epi8(_mm512_srli_epi32(q, 8)));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(pl + j), _mm512_cvtepi32_epi8(_mm512_and_si512(q, byte)));
+  for (int64_t j = 0; j < npad; j += 64) {
+    __m512i q[4];
+    for (int t = 0; t < 4; ++t) {
+      const int64_t left = n - (j + 16 * t);
+      const __mmask16 m = left >= 16 ? __mmask16(0xffff) : left > 0 ? __mmask16((1u << left) - 1) : 0;
+      q[t] = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, p + j + 16 * t), vk));
+      vt = _mm512_add_epi32(vt, q[t]);
+    }
+    // q <= kProbSteps: the unsigned saturating packs keep every value
+    const __m512i w01 = _mm512_packus_epi32(q[0], q[1]), w23 = _mm512_packus_epi32(q[2], q[3]);
+    _mm512_storeu_si512(ph + j, _mm512_packus_epi16(_mm512_srli_epi16(w01, 8), _mm512_srli_epi16(w23, 8)));
+    _mm512_storeu_si512(pl + j, _mm512_packus_epi16(_mm512_and_si512(w01, byte), _mm512_and_si512(w23, byte)));
   }
   return _mm512_reduce_add_epi32(vt);
 }
