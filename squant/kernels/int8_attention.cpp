@@ -257,13 +257,13 @@ SQ_AVX2 float quantize_row_avx2(const float* x, int64_t n, int8_t* out) {
 // per value load, P·V took ~60% of the kernel and ran at a third of the FMA peak).
 constexpr int kRowsAvx2 = 6;
 
-// quantize_values with AVX2: 8 columns per step, two keys' columns interleaved as s16 pairs.
-SQ_AVX2 void quantize_values_avx2(const Head& h, std::vector<int16_t>& vq,
-                                  std::vector<float>& vscale) {
-  const int64_t n = h.n_keys, d = h.dim, pairs = (n + 1) / 2, d8 = d / 8 * 8;
-  const int64_t dv = padded_value_dim(d);
+// The value columns' |max| over the head's keys -> inv and vscale (value_scales), 8 columns a
+// step; every vector path's value quantization starts here.
+SQ_AVX2 void value_column_scales_avx2(const Head& h, std::vector<float>& inv,
+                                      std::vector<float>& vscale) {
+  const int64_t n = h.n_keys, d = h.dim, d8 = d / 8 * 8, dv = padded_value_dim(d);
   const __m256 sign = _mm256_set1_ps(-0.f);
-  std::vector<float> amax(dv, 0.f), inv;
+  std::vector<float> amax(dv, 0.f);
   for (int64_t j = 0; j < n; ++j) {
     const float* vr = h.v + h.keys[j] * h.stride;
     for (int64_t c = 0; c < d8; c += 8)
@@ -272,6 +272,15 @@ SQ_AVX2 void quantize_values_avx2(const Head& h, std::vector<int16_t>& vq,
     for (int64_t c = d8; c < d; ++c) amax[c] = std::max(amax[c], std::fabs(vr[c]));
   }
   value_scales(amax, d, dv, inv, vscale);
+}
+
+// quantize_values with AVX2: 8 columns per step, two keys' columns interleaved as s16 pairs.
+SQ_AVX2 void quantize_values_avx2(const Head& h, std::vector<int16_t>& vq,
+                                  std::vector<float>& vscale) {
+  const int64_t n = h.n_keys, d = h.dim, pairs = (n + 1) / 2, d8 = d / 8 * 8;
+  const int64_t dv = padded_value_dim(d);
+  std::vector<float> inv;
+  value_column_scales_avx2(h, inv, vscale);
   vq.assign(pairs * 2 * dv, 0);
   const __m256i lo = _mm256_set1_epi32(-int(kValueSteps)), hi = _mm256_set1_epi32(int(kValueSteps));
   const __m256i low16 = _mm256_set1_epi32(0xffff);
@@ -713,7 +722,7 @@ SQ_VNNI void head_vnni(const Head& h) {
 #define SQ_AMX                                                                              \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,amx-tile,amx-int8")))
 
-bool cpu_has_amx_int8() {
+bool cpu_has_amx_int8_instructions() {
   return cpu_has_avx512_vnni() && __builtin_cpu_supports("amx-int8") &&
          __builtin_cpu_supports("amx-tile");
 }
@@ -727,6 +736,9 @@ bool amx_permitted() {
   }();
   return ok;
 }
+
+// The AMX path runs where the CPU has the instructions and the OS grants the tile state.
+bool cpu_has_amx_int8() { return cpu_has_amx_int8_instructions() && amx_permitted(); }
 
 constexpr int64_t kTileRows = 16;  // query rows per P·V tile
 constexpr int64_t kTileKeys = 64;  // keys per P·V tile step (64 bytes of a tile row)
@@ -757,21 +769,14 @@ inline int64_t key_quad_row(int64_t q) {
 }
 
 // One head's values as two digit planes (vh, then vl), each [block of 16 columns][quad of
-// keys, in key_quad_row's order][column][4 keys] bytes, keys padded to npad and columns to dv
-// with zeros; the integers are quantize_values_avx2's (same scales, same rounding).
-SQ_VNNI void value_digits(const Head& h, int64_t npad, int64_t dv, std::vector<uint8_t>& digits,
+// keys, in key_quad_row's order][column][4 keys] bytes, keys padded to npad and columns to
+// padded_value_dim with zeros; the integers are quantize_values_avx2's (same scales, same rounding).
+SQ_VNNI void value_digits(const Head& h, int64_t npad, std::vector<uint8_t>& digits,
                           std::vector<float>& vscale) {
-  const int64_t n = h.n_keys, d = h.dim, quads = npad / 4, plane = dv * npad;
-  std::vector<float> amax(dv, 0.f), inv;
-  for (int64_t j = 0; j < n; ++j) {
-    const float* vr = h.v + h.keys[j] * h.stride;
-    for (int64_t c = 0; c < d; c += 16) {
-      const __mmask16 m = d - c >= 16 ? __mmask16(0xffff) : __mmask16((1u << (d - c)) - 1);
-      _mm512_storeu_ps(&amax[c], _mm512_max_ps(_mm512_loadu_ps(&amax[c]),
-                                               _mm512_abs_ps(_mm512_maskz_loadu_ps(m, vr + c))));
-    }
-  }
-  value_scales(amax, d, dv, inv, vscale);
+  const int64_t n = h.n_keys, d = h.dim, dv = padded_value_dim(d), quads = npad / 4;
+  const int64_t plane = dv * npad;
+  std::vector<float> inv;
+  value_column_scales_avx2(h, inv, vscale);
   digits.assign(2 * plane, 0);
   const __m512i lo = _mm512_set1_epi32(-int(kValueSteps)), hi = _mm512_set1_epi32(int(kValueSteps));
   const __m512i byte = _mm512_set1_epi32(255);
@@ -953,7 +958,6 @@ SQ_VNNI float quantize_row_u8(const float* x, int64_t d, uint8_t* out) {
 }
 
 SQ_AMX void head_amx(const Head& h) {
-  TORCH_CHECK(amx_permitted(), "squant int8 attention: the OS refused this process AMX tiles");
   const int64_t n = h.n_keys, d = h.dim, dq = (d + 63) / 64 * 64, dquads = dq / 4;
   const int64_t npad = (n + kTileKeys - 1) / kTileKeys * kTileKeys;
   // keys for the tiles: [block of 16 keys][quad of dims][key][4] s8, zero past d and n
@@ -972,7 +976,7 @@ SQ_AMX void head_amx(const Head& h) {
   const int64_t dv = padded_value_dim(d);
   std::vector<float> vscale;
   std::vector<uint8_t> vdigits;
-  value_digits(h, npad, dv, vdigits, vscale);
+  value_digits(h, npad, vdigits, vscale);
   std::vector<uint8_t> qa(kTileRows * dq, 128);  // padded dims: u8 128 = s8 0, meet zero keys
   // two of each: the groups in flight (see above)
   std::vector<int32_t> scores(2 * kTileRows * npad), sums(2 * 3 * kTileRows * dv);
@@ -1065,7 +1069,8 @@ HeadFn pick(const std::string& isa, int64_t dim) {
     return head_scalar;
   }
   if (isa == "amx") {
-    TORCH_CHECK(cpu_has_amx_int8(), "squant int8 attention: this CPU has no AMX-INT8");
+    TORCH_CHECK(cpu_has_amx_int8(),
+                "squant int8 attention: this CPU has no AMX-INT8 (or the OS refused its tile state)");
     return head_amx;
   }
   if (isa == "avx512_vnni") {

@@ -531,6 +531,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_linear_quantize_rows(
   float* sp = scale.data_ptr<float>();
   float* side_p = side.data_ptr<float>();
   const bool vector = l.vector_epilogue;
+  // output row m (float, N values) -> its u8 row, scale and outlier channels
+  auto quantize_output_row = [&](const float* row, int64_t m) {
+    quantize_row(vector, row, mp, N, sp + m, qp + m * N);
+    for (int64_t c = 0; c < n_side; ++c) side_p[m * n_side + c] = row[ip[c]];
+  };
   if (weight_major(x.size(1), N) && M > kBlockM) {
     // weights larger than a core's L2: a row block's task would read all of them from L3 (see
     // weight_major); the GEMM by weight blocks first, then the rows (256 x 1024 -> 4096 with
@@ -539,11 +544,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_linear_quantize_rows(
     run<float>(l.x, l.packed, l.e, y, l.vector_epilogue);
     const float* yp = y.data_ptr<float>();
     at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
-      for (int64_t m = begin; m < end; ++m) {
-        const float* row = yp + m * N;
-        quantize_row(vector, row, mp, N, sp + m, qp + m * N);
-        for (int64_t c = 0; c < n_side; ++c) side_p[m * n_side + c] = row[ip[c]];
-      }
+      for (int64_t m = begin; m < end; ++m) quantize_output_row(yp + m * N, m);
     });
     return {q, scale, side};
   }
@@ -557,12 +558,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_linear_quantize_rows(
     for (int64_t task = begin; task < end; ++task) {
       const int64_t m0 = task * block_m, rows = std::min(block_m, M - m0);
       linear_rows(l, N, m0, rows, rows_out.get());
-      for (int64_t i = 0; i < rows; ++i) {
-        const int64_t m = m0 + i;
-        const float* row = rows_out.get() + i * N;
-        quantize_row(vector, row, mp, N, sp + m, qp + m * N);
-        for (int64_t c = 0; c < n_side; ++c) side_p[m * n_side + c] = row[ip[c]];
-      }
+      for (int64_t i = 0; i < rows; ++i) quantize_output_row(rows_out.get() + i * N, m0 + i);
     }
     at::native::cpublas::brgemm_release(true);
   });
