@@ -377,6 +377,8 @@ def test_quantize_per_token_kernel_refuses_bad_operands():
         (37, 96, 130, 2),
         (130, 384, 1536, 2),
         (130, 96, 200, 1),
+        (70, 96, 200, 3),  # three threads over four weight blocks: unequal shares
+        (130, 768, 3072, 2),  # BERT-base's FFN-in: 2.4 MB of weights
         (130, 4096, 2112, 2),
     ],
 )
@@ -384,9 +386,10 @@ def test_linear_then_per_token_quantize_in_one_call_is_exact(
     path, dynamic, rows, inputs, outputs, threads
 ):
     """int8_linear_quantize_rows = quantize_per_token(int8_linear(...)): the same integers,
-    scales and outlier channels, bit for bit, on row and column tails, with weights that fit
-    in a core's L2 (rows kept in cache) and weights that do not (GEMM first), with the dynamic
-    epilogue (row scale and float side product) and without, on both paths."""
+    scales and outlier channels, bit for bit, on row and column tails, in the order the
+    weights' size picks and in each of the three orders forced (whole rows in L2, 64-row
+    pieces by thread-owned weight blocks, GEMM first), with the dynamic epilogue (row scale
+    and float side product) and without, on both paths."""
     _squant_gemm_or_skip()
     g = torch.Generator().manual_seed(rows + outputs)
     x_q = torch.randint(0, 256, (rows, inputs), dtype=torch.uint8, generator=g)
@@ -409,16 +412,23 @@ def test_linear_then_per_token_quantize_in_one_call_is_exact(
     try:
         y = torch.ops.squant.int8_linear(*args, epilogue=path, **extra)
         want = torch.ops.squant.quantize_per_token(y, multiplier, index, path)
-        got = torch.ops.squant.int8_linear_quantize_rows(
-            *args, multiplier=multiplier, side_index=index, path=path, **extra
-        )
+        got = {
+            order: torch.ops.squant.int8_linear_quantize_rows(
+                *args, multiplier=multiplier, side_index=index, path=path, order=order, **extra
+            )
+            for order in ("auto", "rows", "pieces", "gemm_first")
+        }
     finally:
         torch.set_num_threads(before)
-    for a, b in zip(got, want, strict=True):
-        assert a.shape == b.shape and torch.equal(a, b)
+    for order, outputs_of_order in got.items():
+        for a, b in zip(outputs_of_order, want, strict=True):
+            assert a.shape == b.shape and torch.equal(a, b), order
+    got = got["auto"]
     assert got[0].dtype == torch.uint8 and got[2].shape == (rows, 3)
     with pytest.raises(RuntimeError, match=f"side_index {outputs} is out of range"):
         torch.ops.squant.int8_linear_quantize_rows(*args, side_index=torch.tensor([outputs]))
+    with pytest.raises(RuntimeError, match="order must be auto, rows, pieces or gemm_first"):
+        torch.ops.squant.int8_linear_quantize_rows(*args, order="columns")
 
 
 def test_gelu_epilogue_has_no_subnormal_slow_path():

@@ -226,6 +226,7 @@ def _register_fake() -> None:
         multiplier: torch.Tensor | None = None,
         side_index: torch.Tensor | None = None,
         path: str = "auto",
+        order: str = "auto",
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         rows = x.shape[0]
         side = 0 if side_index is None else side_index.shape[0]

@@ -40,6 +40,8 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 namespace squant_kernels {
 namespace {
@@ -310,20 +312,22 @@ bool cpu_has_avx512() {
 // maxima and a second pass over all rows for the integers, reading the tensor from memory twice.
 constexpr float kTiny = 1e-12f;
 
-void quantize_rows_scalar(const float* x, const float* mult, int64_t K, float* scale, uint8_t* q) {
+// The two steps of a row's quantization, on any part of the row: |max| of x·mult, then the
+// u8 values at a given 1 / scale; quantize_row runs both over a whole row.
+float abs_max_scalar(const float* x, const float* mult, int64_t K) {
   float amax = 0.f;
   for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(mult ? x[k] * mult[k] : x[k]));
-  const float s = std::max(amax / 127.f, kTiny);
-  *scale = s;
-  const float inv = 1.f / s;
+  return amax;
+}
+
+void quantize_with_scalar(const float* x, const float* mult, int64_t K, float inv, uint8_t* q) {
   for (int64_t k = 0; k < K; ++k) {
     const float v = std::nearbyint((mult ? x[k] * mult[k] : x[k]) * inv);
     q[k] = static_cast<uint8_t>(std::min(127.f, std::max(-127.f, v)) + 128.f);
   }
 }
 
-SQ_AVX512 void quantize_rows_avx512(const float* x, const float* mult, int64_t K, float* scale,
-                                    uint8_t* q) {
+SQ_AVX512 float abs_max_avx512(const float* x, const float* mult, int64_t K) {
   __m512 vmax = _mm512_setzero_ps();
   for (int64_t k = 0; k < K; k += 16) {
     const __mmask16 m = tail_mask(K - k);
@@ -331,9 +335,12 @@ SQ_AVX512 void quantize_rows_avx512(const float* x, const float* mult, int64_t K
     if (mult) v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, mult + k));
     vmax = _mm512_max_ps(vmax, _mm512_abs_ps(v));
   }
-  const float s = std::max(_mm512_reduce_max_ps(vmax) / 127.f, kTiny);
-  *scale = s;
-  const __m512 vinv = _mm512_set1_ps(1.f / s), lo = _mm512_set1_ps(-127.f), hi = _mm512_set1_ps(127.f),
+  return _mm512_reduce_max_ps(vmax);
+}
+
+SQ_AVX512 void quantize_with_avx512(const float* x, const float* mult, int64_t K, float inv,
+                                    uint8_t* q) {
+  const __m512 vinv = _mm512_set1_ps(inv), lo = _mm512_set1_ps(-127.f), hi = _mm512_set1_ps(127.f),
                zp = _mm512_set1_ps(128.f);
   for (int64_t k = 0; k < K; k += 16) {
     const __mmask16 m = tail_mask(K - k);
@@ -345,13 +352,27 @@ SQ_AVX512 void quantize_rows_avx512(const float* x, const float* mult, int64_t K
   }
 }
 
+inline float abs_max(bool vector, const float* x, const float* mult, int64_t K) {
+  return vector ? abs_max_avx512(x, mult, K) : abs_max_scalar(x, mult, K);
+}
+
+inline void quantize_with(bool vector, const float* x, const float* mult, int64_t K, float inv,
+                          uint8_t* q) {
+  if (vector) {
+    quantize_with_avx512(x, mult, K, inv, q);
+  } else {
+    quantize_with_scalar(x, mult, K, inv, q);
+  }
+}
+
+// A row's scale from its |max|: one division per row; the elements multiply by 1 / scale.
+inline float row_scale_of(float amax) { return std::max(amax / 127.f, kTiny); }
+
 inline void quantize_row(bool vector, const float* x, const float* mult, int64_t K,
                          float* scale, uint8_t* q) {
-  if (vector) {
-    quantize_rows_avx512(x, mult, K, scale, q);
-  } else {
-    quantize_rows_scalar(x, mult, K, scale, q);
-  }
+  const float s = row_scale_of(abs_max(vector, x, mult, K));
+  *scale = s;
+  quantize_with(vector, x, mult, K, 1.f / s, q);
 }
 
 // The per-token quantize's optional operands, checked for an input of K features: the
@@ -553,17 +574,25 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed_weight,
 
 // int8_linear (float32 output) followed by quantize_per_token of that output, in one call:
 // the same integers, scales and outlier channels as the two calls, without writing the float
-// output to memory and reading it back. Each task computes whole rows (all output blocks of
-// up to 64 rows) into a buffer that stays in the core's L2 (64 x 1536 floats = 384 KB), then
-// quantizes them. In a BERT layer this is the FFN's first GEMM (+ GELU) feeding the second
-// one's per-token input: 6 MB of float per layer at 8 x 128 tokens that never leave the cache.
+// output to memory and reading it back. In a BERT layer this is the FFN's first GEMM (+ GELU)
+// feeding the second one's per-token input: 6 MB of float per layer at 8 x 128 tokens. Three
+// orders of work ("auto" picks by the weights' size against the core's L2; tests force each):
+//   rows:       each task computes whole rows (all output blocks of up to 64 rows) into a
+//               buffer that stays in the core's L2 (64 x 1536 floats = 384 KB), then
+//               quantizes them; where the weights fit in L2;
+//   pieces:     each thread owns whole weight blocks and computes its columns of a 64-row
+//               piece into L2, then quantizes them once every thread's row |max| is known;
+//               where a thread's share of the weights fits in L2 but all of them do not;
+//   gemm_first: the GEMM by weight blocks over all rows, then the rows; where not even a
+//               share fits (the float output goes to memory and back).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_linear_quantize_rows(
     const at::Tensor& x, const at::Tensor& packed_weight, const at::Tensor& compensation,
     double x_scale, int64_t x_zero_point, const at::Tensor& weight_scale,
     const std::optional<at::Tensor>& bias, int64_t out_features, const std::string& activation,
     const std::optional<at::Tensor>& row_scale, const std::optional<at::Tensor>& side_x,
     const std::optional<at::Tensor>& side_w, const std::optional<at::Tensor>& multiplier,
-    const std::optional<at::Tensor>& side_index, const std::string& path) {
+    const std::optional<at::Tensor>& side_index, const std::string& path,
+    const std::string& order) {
   const Linear l = check_linear(x, packed_weight, compensation, x_scale, x_zero_point,
                                 weight_scale, bias, out_features, activation, row_scale, side_x,
                                 side_w, path);
@@ -597,10 +626,68 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_linear_quantize_rows(
     quantize_row(vector, row, mp, N, sp + m, qp + m * N);
     for (int64_t c = 0; c < n_side; ++c) side_p[m * n_side + c] = row[ip[c]];
   };
-  if (weight_major(x.size(1), N) && M > kBlockM) {
-    // weights larger than a core's L2: a row block's task would read all of them from L3 (see
-    // weight_major); the GEMM by weight blocks first, then the rows (256 x 1024 -> 4096 with
-    // GELU and the next per-token quantize, 2 threads on an AMX Xeon: 0.96 -> 0.88-0.90 ms)
+  const int64_t K = x.size(1), n_blocks = l.packed.size(0);
+  const int64_t owners = std::min<int64_t>(at::get_num_threads(), n_blocks);
+  // the columns of owner o (of `owners`): whole weight blocks
+  auto columns_of = [&](int64_t o) {
+    return std::pair<int64_t, int64_t>{std::min(N, o * n_blocks / owners * kBlockN),
+                                       std::min(N, (o + 1) * n_blocks / owners * kBlockN)};
+  };
+  const int64_t widest = ((n_blocks + owners - 1) / owners) * kBlockN;
+  TORCH_CHECK(order == "auto" || order == "rows" || order == "pieces" || order == "gemm_first",
+              op, ": order must be auto, rows, pieces or gemm_first");
+  std::string plan = order;
+  if (plan == "auto") {
+    const bool share_fits =
+        owners > 1 && K * widest + kBlockM * widest * int64_t(sizeof(float)) <= l2_bytes() * 9 / 10;
+    plan = !weight_major(K, N) || M <= kBlockM ? "rows" : share_fits ? "pieces" : "gemm_first";
+  }
+  if (plan == "pieces") {
+    // The weights do not fit in one core's L2, but each thread's share of them (whole weight
+    // blocks) does, with its share of a 64-row piece's float output beside it: each thread
+    // computes its columns of a piece into a buffer that stays in its L2, then (once every
+    // thread's |max| of each row is known) quantizes them. Nothing but the weights, once, and
+    // the integers go to memory, where the GEMM-first order below writes the whole float
+    // output there and reads it back (256 x 768 -> 3072 with GELU, 2 threads on an AMX Xeon:
+    // 12 MB of traffic per call, most of the call's time beside the GEMM).
+    at::Tensor piece = at::empty({kBlockM, N}, x.options().dtype(at::kFloat));
+    float* yp = piece.data_ptr<float>();
+    std::vector<float> part_max(owners * kBlockM);
+    for (int64_t m0 = 0; m0 < M; m0 += kBlockM) {
+      const int64_t rows = std::min(kBlockM, M - m0);
+      at::parallel_for(0, owners, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t o = begin; o < end; ++o) {
+          const auto [c0, c1] = columns_of(o);
+          linear_cols(l, N, m0, rows, c0, c1, yp + c0, N);
+          for (int64_t i = 0; i < rows; ++i)
+            part_max[o * kBlockM + i] = abs_max(vector, yp + i * N + c0, mp ? mp + c0 : nullptr, c1 - c0);
+        }
+        at::native::cpublas::brgemm_release(true);
+      });
+      at::parallel_for(0, owners, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t o = begin; o < end; ++o) {
+          const auto [c0, c1] = columns_of(o);
+          for (int64_t i = 0; i < rows; ++i) {
+            const int64_t m = m0 + i;
+            float amax = 0.f;
+            for (int64_t p = 0; p < owners; ++p) amax = std::max(amax, part_max[p * kBlockM + i]);
+            const float s = row_scale_of(amax);
+            if (o == 0) sp[m] = s;
+            quantize_with(vector, yp + i * N + c0, mp ? mp + c0 : nullptr, c1 - c0, 1.f / s,
+                          qp + m * N + c0);
+            for (int64_t c = 0; c < n_side; ++c)
+              if (ip[c] >= c0 && ip[c] < c1) side_p[m * n_side + c] = yp[i * N + ip[c]];
+          }
+        }
+      });
+    }
+    return {q, scale, side};
+  }
+  if (plan == "gemm_first") {
+    // weights larger than a core's L2, even a thread's share of them: a row block's task would
+    // read all of them from L3 (see weight_major); the GEMM by weight blocks first, then the
+    // rows (256 x 1024 -> 4096 with GELU and the next per-token quantize, 2 threads on an AMX
+    // Xeon: 0.96 -> 0.88-0.90 ms)
     at::Tensor y = at::empty({M, N}, x.options().dtype(at::kFloat));
     run<float>(l.x, l.packed, l.e, y, l.vector_epilogue);
     const float* yp = y.data_ptr<float>();
@@ -720,7 +807,7 @@ TORCH_LIBRARY_FRAGMENT(squant, m) {
       "float x_scale, int x_zero_point, Tensor weight_scale, Tensor? bias, int out_features, "
       "str activation=\"none\", Tensor? row_scale=None, Tensor? side_x=None, "
       "Tensor? side_w=None, Tensor? multiplier=None, Tensor? side_index=None, "
-      "str path=\"auto\") -> (Tensor, Tensor, Tensor)");
+      "str path=\"auto\", str order=\"auto\") -> (Tensor, Tensor, Tensor)");
   m.def(
       "quantize_per_token(Tensor x, Tensor? multiplier=None, Tensor? side_index=None, "
       "str path=\"auto\") -> (Tensor, Tensor, Tensor)");
