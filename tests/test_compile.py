@@ -506,3 +506,15 @@ def test_ffn_gemm_and_the_next_quantize_fuse_without_changing_outputs(
     quantizes = r"squant\.quantize_per_token\.default\("
     assert len(re.findall(quantizes, plain_code)) == len(re.findall(quantizes, code)) + LAYERS
     assert torch.equal(out.last_hidden_state, plain.last_hidden_state)
+
+
+def test_inductor_cache_key_follows_the_kernel_sources(monkeypatch):
+    """A compiled graph's C++ wrapper calls each squant op with the argument list of the
+    schema it was generated for: a kernel build whose sources (and so maybe schemas) changed
+    must not be handed an old cached graph, so the rewrite pass's cache key covers them."""
+    from squant.runtime import fusion
+
+    before = fusion.SQUANT_FUSIONS.uuid()
+    assert fusion.SQUANT_FUSIONS.uuid() == before
+    monkeypatch.setattr(fusion, "build_key", lambda: "other-kernel-sources")
+    assert fusion.SQUANT_FUSIONS.uuid() != before

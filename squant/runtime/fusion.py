@@ -23,6 +23,8 @@ import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch.fx.operator_schemas import normalize_function
 
+from ..kernels import build_key
+
 _aten = torch.ops.aten
 # reshapes between the GEMM and the quantize step ([T, N] -> [B, S, N] -> [T, N])
 _VIEWS = (_aten.view.default, _aten.reshape.default, _aten._unsafe_view.default)
@@ -156,8 +158,10 @@ def fuse_linear_attention(graph: torch.fx.Graph) -> int:
 
 
 class SquantFusions(CustomGraphPass):
-    """squant's post-grad rewrites as one inductor pass; its uuid (a hash of this file) keys
-    inductor's caches, so a changed rewrite never reuses an old compiled graph."""
+    """squant's post-grad rewrites as one inductor pass; its uuid keys inductor's caches: a
+    hash of this file and of the kernels' sources, so a changed rewrite, or a kernel whose op
+    schema changed, never reuses an old compiled graph (a cached C++ wrapper calls each op
+    with the argument list of the schema it was generated for)."""
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         if _kernels_loaded():
@@ -165,7 +169,7 @@ class SquantFusions(CustomGraphPass):
             fuse_linear_attention(graph)
 
     def uuid(self) -> Any:
-        return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+        return hashlib.sha256(Path(__file__).read_bytes() + build_key().encode()).hexdigest()
 
 
 def _kernels_loaded() -> bool:
