@@ -387,8 +387,8 @@ def test_linear_then_per_token_quantize_in_one_call_is_exact(
 ):
     """int8_linear_quantize_rows = quantize_per_token(int8_linear(...)): the same integers,
     scales and outlier channels, bit for bit, on row and column tails, in the order the
-    weights' size picks and in each of the three orders forced (whole rows in L2, 64-row
-    pieces by thread-owned weight blocks, GEMM first), with the dynamic epilogue (row scale
+    weights' size picks and in each order forced (whole rows in L2, 64-row pieces by
+    thread-owned weight blocks), with the dynamic epilogue (row scale
     and float side product) and without, on both paths."""
     _squant_gemm_or_skip()
     g = torch.Generator().manual_seed(rows + outputs)
@@ -416,7 +416,7 @@ def test_linear_then_per_token_quantize_in_one_call_is_exact(
             order: torch.ops.squant.int8_linear_quantize_rows(
                 *args, multiplier=multiplier, side_index=index, path=path, order=order, **extra
             )
-            for order in ("auto", "rows", "pieces", "gemm_first")
+            for order in ("auto", "rows", "pieces")
         }
     finally:
         torch.set_num_threads(before)
@@ -427,7 +427,7 @@ def test_linear_then_per_token_quantize_in_one_call_is_exact(
     assert got[0].dtype == torch.uint8 and got[2].shape == (rows, 3)
     with pytest.raises(RuntimeError, match=f"side_index {outputs} is out of range"):
         torch.ops.squant.int8_linear_quantize_rows(*args, side_index=torch.tensor([outputs]))
-    with pytest.raises(RuntimeError, match="order must be auto, rows, pieces or gemm_first"):
+    with pytest.raises(RuntimeError, match="order must be auto, rows or pieces"):
         torch.ops.squant.int8_linear_quantize_rows(*args, order="columns")
 
 

@@ -575,16 +575,20 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed_weight,
 // int8_linear (float32 output) followed by quantize_per_token of that output, in one call:
 // the same integers, scales and outlier channels as the two calls, without writing the float
 // output to memory and reading it back. In a BERT layer this is the FFN's first GEMM (+ GELU)
-// feeding the second one's per-token input: 6 MB of float per layer at 8 x 128 tokens. Three
-// orders of work ("auto" picks by the weights' size against the core's L2; tests force each):
-//   rows:       each task computes whole rows (all output blocks of up to 64 rows) into a
-//               buffer that stays in the core's L2 (64 x 1536 floats = 384 KB), then
-//               quantizes them; where the weights fit in L2;
-//   pieces:     each thread owns whole weight blocks and computes its columns of a 64-row
-//               piece into L2, then quantizes them once every thread's row |max| is known;
-//               where a thread's share of the weights fits in L2 but all of them do not;
-//   gemm_first: the GEMM by weight blocks over all rows, then the rows; where not even a
-//               share fits (the float output goes to memory and back).
+// feeding the second one's per-token input: 6 MB of float per layer at 8 x 128 tokens. Two
+// orders of work, both keeping the float output in the core's L2 ("auto" picks; tests force
+// each):
+//   rows:   each task computes whole rows (all output blocks of up to 64 rows) into an L2
+//           buffer (64 x 1536 floats = 384 KB), then quantizes them; where the weights fit
+//           in L2, or on one thread;
+//   pieces: each thread owns whole weight blocks and computes its columns of a 64-row piece
+//           into L2, then quantizes them once every thread's row |max| is known; where the
+//           weights do not fit, so a row task would read all of them from L3 for its rows.
+// The GEMM over all rows first (by weight blocks, its float output to memory and back, then
+// quantized by rows) measured slower than both on an AMX Xeon: 256 x 768 -> 3072 with GELU,
+// 2 threads, 0.84 ms vs 0.62 (rows) and 0.62 (pieces); 1024 x 768 -> 3072, 5.3 vs 2.3 and
+// 2.3 ms; 256 x 1024 -> 4096, 1.14-1.24 vs 1.03-1.05 and 1.06 ms; one thread, 256 x 768 ->
+// 3072, 1.56 vs 1.20 and 1.29 ms.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_linear_quantize_rows(
     const at::Tensor& x, const at::Tensor& packed_weight, const at::Tensor& compensation,
     double x_scale, int64_t x_zero_point, const at::Tensor& weight_scale,
@@ -633,23 +637,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_linear_quantize_rows(
     return std::pair<int64_t, int64_t>{std::min(N, o * n_blocks / owners * kBlockN),
                                        std::min(N, (o + 1) * n_blocks / owners * kBlockN)};
   };
-  const int64_t widest = ((n_blocks + owners - 1) / owners) * kBlockN;
-  TORCH_CHECK(order == "auto" || order == "rows" || order == "pieces" || order == "gemm_first",
-              op, ": order must be auto, rows, pieces or gemm_first");
-  std::string plan = order;
-  if (plan == "auto") {
-    const bool share_fits =
-        owners > 1 && K * widest + kBlockM * widest * int64_t(sizeof(float)) <= l2_bytes() * 9 / 10;
-    plan = !weight_major(K, N) || M <= kBlockM ? "rows" : share_fits ? "pieces" : "gemm_first";
-  }
-  if (plan == "pieces") {
-    // The weights do not fit in one core's L2, but each thread's share of them (whole weight
-    // blocks) does, with its share of a 64-row piece's float output beside it: each thread
-    // computes its columns of a piece into a buffer that stays in its L2, then (once every
-    // thread's |max| of each row is known) quantizes them. Nothing but the weights, once, and
-    // the integers go to memory, where the GEMM-first order below writes the whole float
-    // output there and reads it back (256 x 768 -> 3072 with GELU, 2 threads on an AMX Xeon:
-    // 12 MB of traffic per call, most of the call's time beside the GEMM).
+  TORCH_CHECK(order == "auto" || order == "rows" || order == "pieces", op,
+              ": order must be auto, rows or pieces");
+  const bool pieces = order == "pieces" || (order == "auto" && weight_major(K, N) && owners > 1);
+  if (pieces) {
+    // Each thread computes its columns of a 64-row piece into a buffer that stays in its L2,
+    // then (once every thread's |max| of each row is known) quantizes them: each thread reads
+    // its share of the weights per piece, where a row task reads all of them.
     at::Tensor piece = at::empty({kBlockM, N}, x.options().dtype(at::kFloat));
     float* yp = piece.data_ptr<float>();
     std::vector<float> part_max(owners * kBlockM);
@@ -681,19 +675,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_linear_quantize_rows(
         }
       });
     }
-    return {q, scale, side};
-  }
-  if (plan == "gemm_first") {
-    // weights larger than a core's L2, even a thread's share of them: a row block's task would
-    // read all of them from L3 (see weight_major); the GEMM by weight blocks first, then the
-    // rows (256 x 1024 -> 4096 with GELU and the next per-token quantize, 2 threads on an AMX
-    // Xeon: 0.96 -> 0.88-0.90 ms)
-    at::Tensor y = at::empty({M, N}, x.options().dtype(at::kFloat));
-    run<float>(l.x, l.packed, l.e, y, l.vector_epilogue);
-    const float* yp = y.data_ptr<float>();
-    at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
-      for (int64_t m = begin; m < end; ++m) quantize_output_row(yp + m * N, m);
-    });
     return {q, scale, side};
   }
   // up to 64 rows per task, fewer where that leaves a thread without rows (short inputs)
