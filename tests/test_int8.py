@@ -432,9 +432,10 @@ def test_linear_then_per_token_quantize_in_one_call_is_exact(
 
 
 def test_gelu_epilogue_has_no_subnormal_slow_path():
-    """Outputs far below zero (GELU -> -0) must not make exp() produce subnormal floats,
-    which cost a microcode assist per instruction on Intel cores: the AVX512 epilogue
-    clamps |x| (erf is exactly 1.0f past 3.92), and its results equal the plain C++ ones."""
+    """Outputs far below zero (GELU -> -0) must not produce subnormal floats, which cost a
+    microcode assist per instruction on Intel cores: the AVX512 epilogue's GELU puts every
+    |x| past 5.625 in its constant piece (exactly x or 0), as the plain C++ erf rounds them,
+    and tanh-GELU's exp clamps its argument."""
     _squant_gemm_or_skip()
     x_q = torch.full((8, 64), 255, dtype=torch.uint8)
     w_q = torch.full((64, 64), -127, dtype=torch.int8)
