@@ -356,10 +356,29 @@ def test_quantize_per_token_kernel_matches_the_reference_exactly(path, rows, wid
         assert torch.equal(q, int8.quantize_per_token(xd.float() * multiplier)[0])
 
 
+def test_quantize_per_token_vector_path_treats_nan_and_inf_as_the_plain_one():
+    """The AVX512 path skips the [-127, 127] clamp that |x| <= |max| makes redundant; a NaN
+    or an infinity in a row must still give the plain C++ path's integers."""
+    from squant import kernels
+
+    kernels.load()
+    x = torch.randn(4, 40, generator=torch.Generator().manual_seed(5))
+    x[0, 3], x[1, 7], x[2, 39] = float("nan"), float("inf"), -float("inf")
+    x[3, 0], x[3, 1] = float("inf"), float("nan")
+    try:
+        fast = torch.ops.squant.quantize_per_token(x, None, None, "avx512")
+    except RuntimeError as e:
+        pytest.skip(str(e))
+    slow = torch.ops.squant.quantize_per_token(x, None, None, "scalar")
+    assert torch.equal(fast[0], slow[0])
+
+
 def test_quantize_per_token_kernel_refuses_bad_operands():
     from squant import kernels
 
     kernels.load()
+    with pytest.raises(RuntimeError, match="side_index 8 is out of range for 8 input features"):
+        torch.ops.squant.quantize_per_token(torch.zeros(2, 8), None, torch.tensor([8]))
     with pytest.raises(RuntimeError, match="float32 or bfloat16"):
         torch.ops.squant.quantize_per_token(torch.zeros(2, 3, 4), None, None)
     with pytest.raises(RuntimeError, match="multiplier must be float32"):

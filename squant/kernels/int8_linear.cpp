@@ -338,17 +338,33 @@ SQ_AVX512 float abs_max_avx512(const float* x, const float* mult, int64_t K) {
   return _mm512_reduce_max_ps(vmax);
 }
 
-SQ_AVX512 void quantize_with_avx512(const float* x, const float* mult, int64_t K, float inv,
-                                    uint8_t* q) {
-  const __m512 vinv = _mm512_set1_ps(inv), lo = _mm512_set1_ps(-127.f), hi = _mm512_set1_ps(127.f),
-               zp = _mm512_set1_ps(128.f);
+// round(v·inv) by the conversion's own round-to-nearest-even (embedded, as roundscale
+// rounds), +128 in integers and an unsigned saturating narrow to u8. |v·inv| <= 127 by the
+// scale's construction (the row's |max| / 127), so the clamp to [-127, 127] of the plain C++
+// path only matters for a NaN (-> -127 by the max, as there) and +inf (-> 255 by the
+// saturation, as the clamp gives); the same integers with 3 fewer instructions per 16 values.
+template <bool with_mult>
+SQ_AVX512 void quantize_with_avx512_as(const float* x, const float* mult, int64_t K, float inv,
+                                       uint8_t* q) {
+  const __m512 vinv = _mm512_set1_ps(inv), lo = _mm512_set1_ps(-127.f);
+  const __m512i zp = _mm512_set1_epi32(128);
   for (int64_t k = 0; k < K; k += 16) {
     const __mmask16 m = tail_mask(K - k);
     __m512 v = _mm512_maskz_loadu_ps(m, x + k);
-    if (mult) v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, mult + k));
-    v = _mm512_roundscale_ps(_mm512_mul_ps(v, vinv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    v = _mm512_add_ps(_mm512_min_ps(_mm512_max_ps(v, lo), hi), zp);
-    _mm_mask_storeu_epi8(q + k, m, _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(v)));
+    if constexpr (with_mult) v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, mult + k));
+    v = _mm512_max_ps(_mm512_mul_ps(v, vinv), lo);
+    const __m512i i = _mm512_add_epi32(
+        _mm512_cvt_roundps_epi32(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), zp);
+    _mm_mask_storeu_epi8(q + k, m, _mm512_cvtusepi32_epi8(i));
+  }
+}
+
+SQ_AVX512 void quantize_with_avx512(const float* x, const float* mult, int64_t K, float inv,
+                                    uint8_t* q) {
+  if (mult) {
+    quantize_with_avx512_as<true>(x, mult, K, inv, q);
+  } else {
+    quantize_with_avx512_as<false>(x, mult, K, inv, q);
   }
 }
 
@@ -385,9 +401,20 @@ at::Tensor checked_multiplier(const std::optional<at::Tensor>& multiplier, int64
   return multiplier->contiguous();
 }
 
-void check_side_index(const at::Tensor& side_index, const char* op) {
-  TORCH_CHECK(side_index.dim() == 1 && side_index.scalar_type() == at::kLong, op,
+// The outlier channels' indices, checked against `width` channels: int64 [channels],
+// contiguous (undefined when there are none).
+at::Tensor checked_side_index(const std::optional<at::Tensor>& side_index, int64_t width,
+                              const char* op, const char* what) {
+  if (!side_index) return at::Tensor();
+  TORCH_CHECK(side_index->dim() == 1 && side_index->scalar_type() == at::kLong, op,
               ": side_index must be int64 [channels]");
+  at::Tensor ic = side_index->contiguous();
+  const int64_t* idx = ic.data_ptr<int64_t>();
+  for (int64_t c = 0; c < ic.numel(); ++c) {
+    TORCH_CHECK(idx[c] >= 0 && idx[c] < width, op, ": side_index ", idx[c],
+                " is out of range for ", width, " ", what);
+  }
+  return ic;
 }
 
 // This core's L2 in bytes (1 MB where the OS does not say).
@@ -603,18 +630,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_linear_quantize_rows(
   const int64_t M = x.size(0), N = out_features;
   constexpr const char* op = "squant::int8_linear_quantize_rows";
   const at::Tensor mc = checked_multiplier(multiplier, N, op);
-  at::Tensor ic;
-  int64_t n_side = 0;
-  if (side_index) {
-    check_side_index(*side_index, op);
-    ic = side_index->contiguous();
-    n_side = ic.numel();
-    const int64_t* idx = ic.data_ptr<int64_t>();
-    for (int64_t c = 0; c < n_side; ++c) {
-      TORCH_CHECK(idx[c] >= 0 && idx[c] < N, op, ": side_index ", idx[c],
-                  " is out of range for ", N, " outputs");
-    }
-  }
+  const at::Tensor ic = checked_side_index(side_index, N, op, "outputs");
+  const int64_t n_side = ic.defined() ? ic.numel() : 0;
   at::Tensor q = at::empty({M, N}, x.options().dtype(at::kByte));
   at::Tensor scale = at::empty({M, 1}, x.options().dtype(at::kFloat));
   at::Tensor side = at::empty({M, n_side}, x.options().dtype(at::kFloat));
@@ -712,19 +729,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_per_token(
   const at::Tensor xf = x.to(at::kFloat).contiguous();
   at::Tensor q = at::empty({M, K}, x.options().dtype(at::kByte));
   at::Tensor scale = at::empty({M, 1}, x.options().dtype(at::kFloat));
-  at::Tensor side;
-  if (side_index) {
-    check_side_index(*side_index, op);
-    side = xf.index_select(1, *side_index);
-  } else {
-    side = at::empty({M, 0}, xf.options());
-  }
+  // the outlier channels gathered in the same pass over the rows (an index_select call cost
+  // as much as a fifth of this op at 256 x 768)
+  const at::Tensor ic = checked_side_index(side_index, K, op, "input features");
+  const int64_t n_side = ic.defined() ? ic.numel() : 0;
+  at::Tensor side = at::empty({M, n_side}, xf.options());
   const float* xp = xf.data_ptr<float>();
   const float* mp = mc.defined() ? mc.data_ptr<float>() : nullptr;
+  const int64_t* ip = n_side ? ic.data_ptr<int64_t>() : nullptr;
   float* sp = scale.data_ptr<float>();
+  float* side_p = side.data_ptr<float>();
   uint8_t* qp = q.data_ptr<uint8_t>();
   at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t m = begin; m < end; ++m) quantize_row(vector, xp + m * K, mp, K, sp + m, qp + m * K);
+    for (int64_t m = begin; m < end; ++m) {
+      quantize_row(vector, xp + m * K, mp, K, sp + m, qp + m * K);
+      for (int64_t c = 0; c < n_side; ++c) side_p[m * n_side + c] = xp[m * K + ip[c]];
+    }
   });
   return {q, scale, side};
 }
