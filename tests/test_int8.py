@@ -149,12 +149,15 @@ def test_squant_gemm_matches_exact_integer_math(activation, epilogue, rows, inpu
 
 @pytest.mark.parametrize("epilogue", ["auto", "scalar"])
 @pytest.mark.parametrize("activation", ["none", "gelu"])
-def test_squant_gemm_epilogue_applies_row_scales_and_the_float_side_product(epilogue, activation):
+@pytest.mark.parametrize("side", [3, 4])  # 4, the default count, is held in registers
+def test_squant_gemm_epilogue_applies_row_scales_and_the_float_side_product(
+    epilogue, activation, side
+):
     """The dynamic-mode epilogue: one scale per row (per-token) and a float side product
     (outlier channels) added before the activation, on a 70-column tail block."""
     _squant_gemm_or_skip()
     g = torch.Generator().manual_seed(7)
-    rows, inputs, outputs, side = 37, 96, 70, 3
+    rows, inputs, outputs = 37, 96, 70
     x_q = torch.randint(0, 256, (rows, inputs), dtype=torch.uint8, generator=g)
     w_q = torch.randint(-127, 128, (outputs, inputs), dtype=torch.int8, generator=g)
     w_scale = torch.rand(outputs, generator=g) * 0.01

@@ -250,8 +250,10 @@ SQ_AVX512 inline __m512 activate512(__m512 v, const Activation512& ctx) {
 
 // One activation per instantiation, and the epilogue's fields in locals: with the switch and
 // the field loads inside the loop (the compiler cannot prove the float stores leave them
-// alone), they took a third of the epilogue's time on an AMX Xeon.
-template <Act act>
+// alone), they took a third of the epilogue's time on an AMX Xeon. `held` outlier channels'
+// weight vectors (the default count, 4, or none) stay in registers across a block's rows;
+// any others are loaded per row.
+template <Act act, int held>
 SQ_AVX512 void epilogue_avx512_with(const int32_t* acc, int64_t rows, int64_t m0, int64_t cols,
                                     int64_t n0, int64_t N, const Epilogue& e, float* out,
                                     int64_t ld) {
@@ -268,30 +270,41 @@ SQ_AVX512 void epilogue_avx512_with(const int32_t* acc, int64_t rows, int64_t m0
     const __m512 scale = _mm512_mul_ps(_mm512_set1_ps(e.x_scale),
                                        _mm512_maskz_loadu_ps(mask, e.w_scale + n));
     const __m512 bias = e.bias ? _mm512_maskz_loadu_ps(mask, e.bias + n) : _mm512_setzero_ps();
+    __m512 sw[held > 0 ? held : 1];
+    for (int c = 0; c < held; ++c) sw[c] = _mm512_maskz_loadu_ps(mask, side_w + c * N + n);
     for (int64_t i = 0; i < rows; ++i) {
       const int64_t m = m0 + i;
       const __m512i sum = _mm512_sub_epi32(_mm512_loadu_si512(acc + i * kBlockN + j), comp);
       const __m512 row_scale =
           row_scales ? _mm512_mul_ps(scale, _mm512_set1_ps(row_scales[m])) : scale;
       __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), row_scale, bias);
-      for (int64_t c = 0; c < side; ++c) {
-        v = _mm512_fmadd_ps(_mm512_set1_ps(side_x[m * side + c]),
-                            _mm512_maskz_loadu_ps(mask, side_w + c * N + n), v);
+      const float* sx = side_x + m * side;
+      for (int c = 0; c < held; ++c) v = _mm512_fmadd_ps(_mm512_set1_ps(sx[c]), sw[c], v);
+      for (int64_t c = held; c < side; ++c) {
+        v = _mm512_fmadd_ps(_mm512_set1_ps(sx[c]), _mm512_maskz_loadu_ps(mask, side_w + c * N + n), v);
       }
       _mm512_mask_storeu_ps(out + i * ld + j, mask, activate512<act>(v, ctx));
     }
   }
 }
 
+template <Act act>
+SQ_AVX512 void epilogue_avx512_for(const int32_t* acc, int64_t rows, int64_t m0, int64_t cols,
+                                   int64_t n0, int64_t N, const Epilogue& e, float* out,
+                                   int64_t ld) {
+  if (e.side == 4) return epilogue_avx512_with<act, 4>(acc, rows, m0, cols, n0, N, e, out, ld);
+  return epilogue_avx512_with<act, 0>(acc, rows, m0, cols, n0, N, e, out, ld);
+}
+
 SQ_AVX512 void epilogue_avx512(const int32_t* acc, int64_t rows, int64_t m0, int64_t cols,
                                int64_t n0, int64_t N, const Epilogue& e, float* out,
                                int64_t ld) {
   switch (e.act) {
-    case Act::none: return epilogue_avx512_with<Act::none>(acc, rows, m0, cols, n0, N, e, out, ld);
-    case Act::relu: return epilogue_avx512_with<Act::relu>(acc, rows, m0, cols, n0, N, e, out, ld);
-    case Act::gelu: return epilogue_avx512_with<Act::gelu>(acc, rows, m0, cols, n0, N, e, out, ld);
+    case Act::none: return epilogue_avx512_for<Act::none>(acc, rows, m0, cols, n0, N, e, out, ld);
+    case Act::relu: return epilogue_avx512_for<Act::relu>(acc, rows, m0, cols, n0, N, e, out, ld);
+    case Act::gelu: return epilogue_avx512_for<Act::gelu>(acc, rows, m0, cols, n0, N, e, out, ld);
     case Act::gelu_tanh:
-      return epilogue_avx512_with<Act::gelu_tanh>(acc, rows, m0, cols, n0, N, e, out, ld);
+      return epilogue_avx512_for<Act::gelu_tanh>(acc, rows, m0, cols, n0, N, e, out, ld);
   }
 }
 
