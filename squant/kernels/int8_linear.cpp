@@ -60,7 +60,6 @@ Act parse_activation(const std::string& name) {
               "' (supported: none, gelu, gelu_tanh, relu)");
 }
 
-
 inline float activate(float v, Act act) {
   switch (act) {
     case Act::none:
