@@ -486,9 +486,11 @@ def test_ffn_gemm_and_the_next_quantize_fuse_without_changing_outputs(
     """The default configs: each layer's FFN-in GEMM (+ GELU) and the FFN-out's per-token
     quantize of its output run as one call, and so do its Q|K|V GEMM and the INT8 attention
     (squant.runtime.fusion); the compiled model's outputs are bit-identical to the same
-    compile without the rewrites."""
+    compile without the rewrites (the LayerNorm rewrite, which is not, off in both)."""
     from squant.runtime import fusion
 
+    monkeypatch.setattr(fusion, "fuse_layer_norm_quantize", lambda graph: 0)
+    monkeypatch.setattr(fusion.SquantFusions, "uuid", lambda self: "no-layer-norm")
     model = tiny_model("bert", outliers=True)
     config = squant.SmoothQuantConfig(mode=mode)
     q = squant.quantize(model, config, token_batches(), progress=False)
@@ -506,6 +508,37 @@ def test_ffn_gemm_and_the_next_quantize_fuse_without_changing_outputs(
     quantizes = r"squant\.quantize_per_token\.default\("
     assert len(re.findall(quantizes, plain_code)) == len(re.findall(quantizes, code)) + LAYERS
     assert torch.equal(out.last_hidden_state, plain.last_hidden_state)
+
+
+@pytest.mark.parametrize("mode", ["static", "dynamic"])
+def test_residual_layer_norm_and_the_next_quantize_run_as_one_call(mode, monkeypatch):
+    """Each LayerNorm that feeds an int8 GEMM (two per layer but the last) is one
+    add_layer_norm_quantize(_rows) call with its residual add and the GEMM's input quantize:
+    no inductor LayerNorm kernel feeds a GEMM, the separate per-token quantize of the Q|K|V
+    and FFN-in inputs is gone, and the outputs match the compile without the rewrite to float
+    rounding."""
+    from squant import kernels
+    from squant.runtime import fusion
+
+    kernels.load()
+    if not torch.ops.squant.layer_norm_vectorized():
+        pytest.skip("the rewrite runs only where the CPU has AVX512")
+    model = tiny_model("bert", outliers=True)
+    q = squant.quantize(model, squant.SmoothQuantConfig(mode=mode), token_batches(), progress=False)
+    inputs = token_batches(n=1, seed=4)[0]
+    _, out, code = _compiled_code(q, inputs, CompileConfig(float_dtype="fp32"))
+    name = "add_layer_norm_quantize_rows" if mode == "dynamic" else "add_layer_norm_quantize"
+    assert len(re.findall(rf"squant\.{name}\.default\(", code)) == 2 * LAYERS - 1
+    # inductor keeps the embeddings' LayerNorm and the last one (it feeds no GEMM)
+    assert len(set(re.findall(r"cpp_fused\w*native_layer_norm\w*", code))) == 2
+    monkeypatch.setattr(fusion, "fuse_layer_norm_quantize", lambda graph: 0)
+    monkeypatch.setattr(fusion.SquantFusions, "uuid", lambda self: "no-layer-norm")
+    _, plain, plain_code = _compiled_code(q, inputs, CompileConfig(float_dtype="fp32"))
+    assert "add_layer_norm_quantize" not in plain_code
+    quantizes = r"squant\.quantize_per_token\.default\("
+    fused_away = 2 * LAYERS - 1 if mode == "dynamic" else 0
+    assert len(re.findall(quantizes, plain_code)) == len(re.findall(quantizes, code)) + fused_away
+    assert cosine(plain.last_hidden_state, out.last_hidden_state) > 0.99999
 
 
 def test_inductor_cache_key_follows_the_kernel_sources(monkeypatch):

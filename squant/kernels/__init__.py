@@ -26,7 +26,7 @@ import torch
 from ..cache import cache_root
 from ..errors import SquantError, first_line
 
-SOURCES = ("int8_attention.cpp", "int8_linear.cpp", "package_runner.cpp")
+SOURCES = ("int8_attention.cpp", "int8_linear.cpp", "layer_norm.cpp", "package_runner.cpp")
 # included by the sources: part of what a build depends on
 HEADERS = ("internal.h",)
 LIBRARY_NAME = "squant_kernels"
@@ -234,6 +234,41 @@ def _register_fake() -> None:
             x.new_empty((rows, out_features), dtype=torch.uint8),
             x.new_empty((rows, 1), dtype=torch.float32),
             x.new_empty((rows, side), dtype=torch.float32),
+        )
+
+    @torch.library.register_fake("squant::add_layer_norm_quantize")
+    def _(
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        eps: float,
+        multiplier: torch.Tensor,
+        zero_point: int,
+        path: str = "auto",
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden = x.shape[-1]
+        return x.new_empty(x.shape), x.new_empty((x.numel() // hidden, hidden), dtype=torch.uint8)
+
+    @torch.library.register_fake("squant::add_layer_norm_quantize_rows")
+    def _(
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        eps: float,
+        multiplier: torch.Tensor | None = None,
+        side_index: torch.Tensor | None = None,
+        path: str = "auto",
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        hidden = x.shape[-1]
+        rows = x.numel() // hidden
+        side = 0 if side_index is None else side_index.shape[0]
+        return (
+            x.new_empty(x.shape),
+            x.new_empty((rows, hidden), dtype=torch.uint8),
+            x.new_empty((rows, 1)),
+            x.new_empty((rows, side)),
         )
 
     @torch.library.register_fake("squant::int8_linear_attention")

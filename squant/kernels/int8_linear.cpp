@@ -307,10 +307,14 @@ SQ_AVX512 void epilogue_avx512(const int32_t* acc, int64_t rows, int64_t m0, int
   }
 }
 
+}  // namespace
+
 bool cpu_has_avx512() {
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
 }
+
+namespace {
 
 // Per-token quantization of a linear's input, the step before a dynamic int8_linear:
 //   v = x·multiplier;  scale[m] = max(max_k |v[m,k]| / 127, 1e-12);
@@ -403,6 +407,8 @@ inline void quantize_row(bool vector, const float* x, const float* mult, int64_t
   quantize_with(vector, x, mult, K, 1.f / s, q);
 }
 
+}  // namespace
+
 // The per-token quantize's optional operands, checked for an input of K features: the
 // multiplier (float32 [K]; contiguous, or undefined) and the outlier channels' indices.
 at::Tensor checked_multiplier(const std::optional<at::Tensor>& multiplier, int64_t K,
@@ -428,6 +434,8 @@ at::Tensor checked_side_index(const std::optional<at::Tensor>& side_index, int64
   }
   return ic;
 }
+
+namespace {
 
 // This core's L2 in bytes (1 MB where the OS does not say).
 int64_t l2_bytes() {
@@ -806,6 +814,11 @@ LinearRows int8_linear_rows(const at::Tensor& x, const at::Tensor& packed_weight
 }
 
 void linear_rows_release() { at::native::cpublas::brgemm_release(true); }
+
+void quantize_token_row(bool vector, const float* x, const float* mult, int64_t K, float* scale,
+                        uint8_t* q) {
+  quantize_row(vector, x, mult, K, scale, q);
+}
 
 }  // namespace squant_kernels
 

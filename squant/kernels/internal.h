@@ -26,4 +26,20 @@ LinearRows int8_linear_rows(const at::Tensor& x, const at::Tensor& packed_weight
                             const std::optional<at::Tensor>& side_w);
 void linear_rows_release();
 
+// int8_linear.cpp: whether this CPU has the AVX512 subsets the vector paths use (F, BW, VL, DQ).
+bool cpu_has_avx512();
+
+// int8_linear.cpp: quantize_per_token's arithmetic on one row x[0, K) (times mult when given):
+// its scale (|max| / 127) to *scale and its u8 values (zero point 128) to q; `vector` picks
+// the AVX512 path, which gives the same integers.
+void quantize_token_row(bool vector, const float* x, const float* mult, int64_t K, float* scale,
+                        uint8_t* q);
+
+// int8_linear.cpp: a per-token quantize's optional operands, checked for K features (undefined
+// tensors where absent): the multiplier (float32 [K]) and the outlier channels' indices.
+at::Tensor checked_multiplier(const std::optional<at::Tensor>& multiplier, int64_t K,
+                              const char* op);
+at::Tensor checked_side_index(const std::optional<at::Tensor>& side_index, int64_t width,
+                              const char* op, const char* what);
+
 }  // namespace squant_kernels
