@@ -1141,8 +1141,9 @@ at::Tensor int8_attention(const at::Tensor& qkv, const std::optional<at::Tensor>
   const float* base = x.data_ptr<float>();
   float* obase = out.data_ptr<float>();
   const int64_t sb = x.stride(0), ss = x.stride(1);
-  at::parallel_for(0, batch * num_heads, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
+  const int64_t tasks = batch * num_heads;
+  run_claimed(tasks, [&](auto claim) {
+    for (int64_t t = claim(); t < tasks; t = claim()) {
       const int64_t b = t / num_heads, hd = t % num_heads;
       fn(head_of(base + b * sb + hd * dim, width, ss, obase + (b * seq * width + hd * dim), width,
                  seq, dim, keys[b], scaling));
@@ -1161,17 +1162,25 @@ at::Tensor int8_attention(const at::Tensor& qkv, const std::optional<at::Tensor>
 // apart in a tensor of the whole batch. With fewer batch rows than threads, each batch row's
 // heads are split into groups (one task per row and group) whose Q, K and V columns are whole
 // 64-column blocks of the GEMM: each task computes only its group's columns, again into L2.
-// Where no such split exists, the projection runs over all threads first, then the (batch
-// row, head) problems do (as the two calls would).
+// Threads claim tasks as they finish (run_claimed), and there are at least two per thread
+// where the heads split that far: distilbert 1 x 256 on 2 threads, 4 or 12 tasks claimed
+// against 2 split statically, 5.5-6% faster for the whole model (interleaved rounds, AMX Xeon).
+// Where no split exists, the projection runs over all threads first, then the (batch row,
+// head) problems do (as the two calls would).
+constexpr int64_t kTasksPerThread = 2;
 
-// How many head groups per batch row give every thread a task: the fewest that do, among
-// those whose groups' Q|K|V columns are whole GEMM blocks; 1 if none.
+// How many head groups per batch row give every thread kTasksPerThread tasks: the fewest that
+// do, among those whose groups' Q|K|V columns are whole GEMM blocks; else the most there are.
 int64_t head_groups(int64_t batch, int64_t heads, int64_t dim, int64_t threads) {
-  if (batch >= threads) return 1;
-  const int64_t want = (threads + batch - 1) / batch;
-  for (int64_t g = want; g <= heads; ++g)
-    if (heads % g == 0 && (heads / g * dim) % kLinearBlockN == 0) return g;
-  return 1;
+  if (batch >= threads * kTasksPerThread) return 1;
+  const int64_t want = (threads * kTasksPerThread + batch - 1) / batch;
+  int64_t most = 1;
+  for (int64_t g = 1; g <= heads; ++g) {
+    if (heads % g != 0 || (heads / g * dim) % kLinearBlockN != 0) continue;
+    if (g >= want) return g;
+    most = g;
+  }
+  return most;
 }
 
 at::Tensor int8_linear_attention(
@@ -1214,10 +1223,11 @@ at::Tensor int8_linear_attention(
   float* obase = out.data_ptr<float>();
   // group g of batch row b: heads [g·hg, (g+1)·hg), their Q, K and V columns side by side
   const int64_t hg = num_heads / groups, gw = hg * dim, ld = 3 * gw;
-  at::parallel_for(0, batch * groups, 1, [&](int64_t begin, int64_t end) {
+  const int64_t tasks = batch * groups;
+  run_claimed(tasks, [&](auto claim) {
     // uninitialized: every element is written before it is read
     const std::unique_ptr<float[]> qkv(new float[seq * ld]);
-    for (int64_t t = begin; t < end; ++t) {
+    for (int64_t t = claim(); t < tasks; t = claim()) {
       const int64_t b = t / groups, g = t % groups;
       if (groups == 1) {
         linear(b * seq, seq, 0, out_features, qkv.get(), ld);  // the whole row, as it is
