@@ -293,8 +293,10 @@ def fuse_layer_norm_quantize(graph: torch.fx.Graph) -> int:
             extra = {"multiplier": multiplier, "zero_point": zero_point}
         ln = _layer_norm_of(source) if isinstance(source, torch.fx.Node) else None
         # the fused call sits where the quantize was: the LayerNorm's other users (the next
-        # residual add) must come after it
-        if ln is None or any(order[u] < order[node] for u in source.users if u not in quant_nodes):
+        # residual add) must come after it (a node this pass added counts as one before it)
+        if ln is None or any(
+            order.get(u, -1) < order[node] for u in source.users if u not in quant_nodes
+        ):
             continue
         fused_op = rows_op if node.target is quantize else static_op
         values = {k: ln[k] for k in ("x", "residual", "weight", "bias", "eps")} | extra
