@@ -113,13 +113,6 @@ void epilogue_scalar(const int32_t* acc, int64_t rows, int64_t m0, int64_t cols,
   }
 }
 
-#define SQ_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
-
-// The lanes of a 16-float vector that hold data when `remaining` values are left.
-inline __mmask16 tail_mask(int64_t remaining) {
-  return remaining >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << remaining) - 1);
-}
-
 // exp(x) for x in [-86, 88]: x = n·ln2 + r, |r| <= ln2/2, e^r by a degree-6 polynomial,
 // times 2^n (scalef, exact). The lower clamp keeps n >= -124, so the result is a normal
 // float: on Intel cores a subnormal result or operand costs a microcode assist of ~100+

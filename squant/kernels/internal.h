@@ -4,8 +4,10 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
-#include <atomic>
+#include <immintrin.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -31,6 +33,15 @@ void linear_rows_release();
 
 // int8_linear.cpp: whether this CPU has the AVX512 subsets the vector paths use (F, BW, VL, DQ).
 bool cpu_has_avx512();
+
+// The target of those vector paths' functions (the files build on any x86-64 compiler; a
+// path runs only where cpu_has_avx512() says so).
+#define SQ_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
+
+// The lanes of a 16-float vector that hold data when `remaining` values are left.
+inline __mmask16 tail_mask(int64_t remaining) {
+  return remaining >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << remaining) - 1);
+}
 
 // int8_linear.cpp: quantize_per_token's arithmetic on one row x[0, K) (times mult when given):
 // its scale (|max| / 127) to *scale and its u8 values (zero point 128) to q; `vector` picks

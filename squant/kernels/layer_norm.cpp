@@ -34,8 +34,6 @@
 namespace squant_kernels {
 namespace {
 
-#define SQ_LN_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
-
 constexpr const char* kOp = "squant::add_layer_norm_quantize";
 
 // Mean and 1 / sqrt(var + eps) of v[0, H), and v = x + r written to out (r may be null).
@@ -63,15 +61,11 @@ void normalize_scalar(float* out, int64_t H, float mean, float rstd, const float
   }
 }
 
-inline __mmask16 tail16(int64_t remaining) {
-  return remaining >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << remaining) - 1);
-}
-
-SQ_LN_AVX512 float row_stats_avx512(const float* x, const float* r, int64_t H, double eps,
+SQ_AVX512 float row_stats_avx512(const float* x, const float* r, int64_t H, double eps,
                                     float* out, float* rstd) {
   __m512 acc = _mm512_setzero_ps();
   for (int64_t k = 0; k < H; k += 16) {
-    const __mmask16 m = tail16(H - k);
+    const __mmask16 m = tail_mask(H - k);
     __m512 v = _mm512_maskz_loadu_ps(m, x + k);
     if (r) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, r + k));
     _mm512_mask_storeu_ps(out + k, m, v);
@@ -81,7 +75,7 @@ SQ_LN_AVX512 float row_stats_avx512(const float* x, const float* r, int64_t H, d
   const __m512 vmean = _mm512_set1_ps(mean);
   acc = _mm512_setzero_ps();
   for (int64_t k = 0; k < H; k += 16) {
-    const __mmask16 m = tail16(H - k);
+    const __mmask16 m = tail_mask(H - k);
     const __m512 d = _mm512_maskz_sub_ps(m, _mm512_maskz_loadu_ps(m, out + k), vmean);
     acc = _mm512_fmadd_ps(d, d, acc);
   }
@@ -90,12 +84,12 @@ SQ_LN_AVX512 float row_stats_avx512(const float* x, const float* r, int64_t H, d
   return mean;
 }
 
-SQ_LN_AVX512 void normalize_avx512(float* out, int64_t H, float mean, float rstd, const float* w,
+SQ_AVX512 void normalize_avx512(float* out, int64_t H, float mean, float rstd, const float* w,
                                    const float* b, const float* mult, float zp, uint8_t* q) {
   const __m512 vmean = _mm512_set1_ps(mean), vrstd = _mm512_set1_ps(rstd);
   const __m512 vzp = _mm512_set1_ps(zp), lo = _mm512_setzero_ps(), hi = _mm512_set1_ps(255.f);
   for (int64_t k = 0; k < H; k += 16) {
-    const __mmask16 m = tail16(H - k);
+    const __mmask16 m = tail_mask(H - k);
     const __m512 d = _mm512_sub_ps(_mm512_maskz_loadu_ps(m, out + k), vmean);
     __m512 y = _mm512_mul_ps(_mm512_mul_ps(d, vrstd), _mm512_maskz_loadu_ps(m, w + k));
     if (b) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(m, b + k));

@@ -14,8 +14,8 @@ set through inductor's config for squant's compile and export calls only.
 - A sublayer's residual add + LayerNorm + the next GEMM's input quantization (static u8 or
   per token) becomes one call of ``squant::add_layer_norm_quantize(_rows)``: one pass over each
   row where inductor's kernel makes three with barriers between them (distilbert 1 x 256, 2
-  threads: 3% faster static and dynamic; real MiniLM 8 x 128: 1%). Where the CPU has AVX512
-  only (the op's plain C++ path is slower than inductor's vectorized kernel). Not bit-identical:
+  threads: 3% faster static and dynamic; real MiniLM 8 x 128: 1%). Only where the CPU has
+  AVX512 (the op's plain C++ path is slower than inductor's vectorized kernel). Not bit-identical:
   the LayerNorm's sums run in another order (float rounding, tests/test_compile.py).
 """
 
@@ -258,7 +258,7 @@ def _static_quantize_of(cvt: torch.fx.Node) -> tuple[Any, Any, int, list[torch.f
     return source, multiplier, zero_point, nodes
 
 
-def _use_results(graph: torch.fx.Graph, new: torch.fx.Node, first: int, old: torch.fx.Node) -> None:
+def _use_results(new: torch.fx.Node, first: int, old: torch.fx.Node) -> None:
     """Point the getitem users of the multi-output node `old` at `new`, shifted by `first`."""
     for user in list(old.users):
         assert user.target is operator.getitem, user
@@ -307,7 +307,7 @@ def fuse_layer_norm_quantize(graph: torch.fx.Graph) -> int:
         normed.meta["val"] = source.meta["val"]
         if node.target is quantize:
             new.meta["val"] = (source.meta["val"], *node.meta["val"])
-            _use_results(graph, new, 1, node)
+            _use_results(new, 1, node)
         else:
             new.meta["val"] = (source.meta["val"], node.meta["val"])
             with graph.inserting_before(node):
