@@ -408,10 +408,8 @@ def test_linear_then_per_token_quantize_in_one_call_is_exact(
     path, dynamic, rows, inputs, outputs, threads
 ):
     """int8_linear_quantize_rows = quantize_per_token(int8_linear(...)): the same integers,
-    scales and outlier channels, bit for bit, on row and column tails, in the order the
-    weights' size picks and in each order forced (whole rows in L2, 64-row pieces by
-    thread-owned weight blocks), with the dynamic epilogue (row scale
-    and float side product) and without, on both paths."""
+    scales and outlier channels, bit for bit, on row and column tails, with the dynamic
+    epilogue (row scale and float side product) and without, on both paths."""
     _squant_gemm_or_skip()
     g = torch.Generator().manual_seed(rows + outputs)
     x_q = torch.randint(0, 256, (rows, inputs), dtype=torch.uint8, generator=g)
@@ -438,7 +436,7 @@ def test_linear_then_per_token_quantize_in_one_call_is_exact(
             order: torch.ops.squant.int8_linear_quantize_rows(
                 *args, multiplier=multiplier, side_index=index, path=path, order=order, **extra
             )
-            for order in ("auto", "rows", "pieces")
+            for order in ("auto", "rows")
         }
     finally:
         torch.set_num_threads(before)
@@ -449,8 +447,8 @@ def test_linear_then_per_token_quantize_in_one_call_is_exact(
     assert got[0].dtype == torch.uint8 and got[2].shape == (rows, 3)
     with pytest.raises(RuntimeError, match=f"side_index {outputs} is out of range"):
         torch.ops.squant.int8_linear_quantize_rows(*args, side_index=torch.tensor([outputs]))
-    with pytest.raises(RuntimeError, match="order must be auto, rows or pieces"):
-        torch.ops.squant.int8_linear_quantize_rows(*args, order="columns")
+    with pytest.raises(RuntimeError, match="order must be auto or rows"):
+        torch.ops.squant.int8_linear_quantize_rows(*args, order="pieces")
 
 
 def test_gelu_epilogue_has_no_subnormal_slow_path():

@@ -615,20 +615,22 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed_weight,
 // int8_linear (float32 output) followed by quantize_per_token of that output, in one call:
 // the same integers, scales and outlier channels as the two calls, without writing the float
 // output to memory and reading it back. In a BERT layer this is the FFN's first GEMM (+ GELU)
-// feeding the second one's per-token input: 6 MB of float per layer at 8 x 128 tokens. Two
-// orders of work, both keeping the float output in the core's L2 ("auto" picks; tests force
-// each):
-//   rows:   each task computes whole rows (all output blocks of up to 64 rows) into an L2
-//           buffer (64 x 1536 floats = 384 KB), then quantizes them; where the weights fit
-//           in L2, or on one thread;
-//   pieces: each thread owns whole weight blocks and computes its columns of a 64-row piece
-//           into L2, then quantizes them once every thread's row |max| is known; where the
-//           weights do not fit, so a row task would read all of them from L3 for its rows.
-// The GEMM over all rows first (by weight blocks, its float output to memory and back, then
-// quantized by rows) measured slower than both on an AMX Xeon: 256 x 768 -> 3072 with GELU,
-// 2 threads, 0.84 ms vs 0.62 (rows) and 0.62 (pieces); 1024 x 768 -> 3072, 5.3 vs 2.3 and
-// 2.3 ms; 256 x 1024 -> 4096, 1.14-1.24 vs 1.03-1.05 and 1.06 ms; one thread, 256 x 768 ->
-// 3072, 1.56 vs 1.20 and 1.29 ms.
+// feeding the second one's per-token input: 6 MB of float per layer at 8 x 128 tokens. Each
+// task computes whole rows (all output blocks of up to 64 rows) into a buffer that stays in
+// the core's L2 (64 x 4096 floats = 1 MB), then quantizes them.
+// Measured slower on an AMX Xeon, 2 threads, whole models (in-process A/B, interleaved):
+//   - 64-row pieces, each thread computing the columns of its own weight blocks and both
+//     quantizing once every row's |max| is known (each thread reads half the weights per
+//     piece, where a row task reads all of them): 1.024x the time of whole-row tasks on
+//     distilbert 1 x 256, 1.045x on BERT-large, though a lone call with its weights cycled
+//     from 24 copies ran 1.03-1.04x; the two barriers per piece cost more than the weights
+//     read twice, which the two cores read together from the shared L3;
+//   - the GEMM over all rows first, by weight blocks (each read once), each tile's row |max|
+//     taken while it is in L1, then the rows quantized from memory: 1.08x on distilbert,
+//     1.02x on BERT-large (the float output's round trip through memory);
+//   - 128-row tasks, weight blocks outer: 1.026x on distilbert (the 1.5 MB buffer leaves L2).
+// `order` is "auto" or "rows" (the same); it stays in the schema so that packages which pass
+// it keep loading.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_linear_quantize_rows(
     const at::Tensor& x, const at::Tensor& packed_weight, const at::Tensor& compensation,
     double x_scale, int64_t x_zero_point, const at::Tensor& weight_scale,
@@ -660,53 +662,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_linear_quantize_rows(
     quantize_row(vector, row, mp, N, sp + m, qp + m * N);
     for (int64_t c = 0; c < n_side; ++c) side_p[m * n_side + c] = row[ip[c]];
   };
-  const int64_t K = x.size(1), n_blocks = l.packed.size(0);
-  const int64_t owners = std::min<int64_t>(at::get_num_threads(), n_blocks);
-  // the columns of owner o (of `owners`): whole weight blocks
-  auto columns_of = [&](int64_t o) {
-    return std::pair<int64_t, int64_t>{std::min(N, o * n_blocks / owners * kBlockN),
-                                       std::min(N, (o + 1) * n_blocks / owners * kBlockN)};
-  };
-  TORCH_CHECK(order == "auto" || order == "rows" || order == "pieces", op,
-              ": order must be auto, rows or pieces");
-  const bool pieces = order == "pieces" || (order == "auto" && weight_major(K, N) && owners > 1);
-  if (pieces) {
-    // Each thread computes its columns of a 64-row piece into a buffer that stays in its L2,
-    // then (once every thread's |max| of each row is known) quantizes them: each thread reads
-    // its share of the weights per piece, where a row task reads all of them.
-    at::Tensor piece = at::empty({kBlockM, N}, x.options().dtype(at::kFloat));
-    float* yp = piece.data_ptr<float>();
-    std::vector<float> part_max(owners * kBlockM);
-    for (int64_t m0 = 0; m0 < M; m0 += kBlockM) {
-      const int64_t rows = std::min(kBlockM, M - m0);
-      at::parallel_for(0, owners, 1, [&](int64_t begin, int64_t end) {
-        for (int64_t o = begin; o < end; ++o) {
-          const auto [c0, c1] = columns_of(o);
-          linear_cols(l, N, m0, rows, c0, c1, yp + c0, N);
-          for (int64_t i = 0; i < rows; ++i)
-            part_max[o * kBlockM + i] = abs_max(vector, yp + i * N + c0, mp ? mp + c0 : nullptr, c1 - c0);
-        }
-        at::native::cpublas::brgemm_release(true);
-      });
-      at::parallel_for(0, owners, 1, [&](int64_t begin, int64_t end) {
-        for (int64_t o = begin; o < end; ++o) {
-          const auto [c0, c1] = columns_of(o);
-          for (int64_t i = 0; i < rows; ++i) {
-            const int64_t m = m0 + i;
-            float amax = 0.f;
-            for (int64_t p = 0; p < owners; ++p) amax = std::max(amax, part_max[p * kBlockM + i]);
-            const float s = row_scale_of(amax);
-            if (o == 0) sp[m] = s;
-            quantize_with(vector, yp + i * N + c0, mp ? mp + c0 : nullptr, c1 - c0, 1.f / s,
-                          qp + m * N + c0);
-            for (int64_t c = 0; c < n_side; ++c)
-              if (ip[c] >= c0 && ip[c] < c1) side_p[m * n_side + c] = yp[i * N + ip[c]];
-          }
-        }
-      });
-    }
-    return {q, scale, side};
-  }
+  TORCH_CHECK(order == "auto" || order == "rows", op, ": order must be auto or rows");
   // up to 64 rows per task, fewer where that leaves a thread without rows (short inputs)
   const int64_t threads = at::get_num_threads();
   const int64_t block_m = std::max<int64_t>(1, std::min<int64_t>(kBlockM, (M + threads - 1) / threads));
