@@ -622,9 +622,9 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed_weight,
 //   - 64-row pieces, each thread computing the columns of its own weight blocks and both
 //     quantizing once every row's |max| is known (each thread reads half the weights per
 //     piece, where a row task reads all of them): 1.024x the time of whole-row tasks on
-//     distilbert 1 x 256, 1.045x on BERT-large, though a lone call with its weights cycled
-//     from 24 copies ran 1.03-1.04x; the two barriers per piece cost more than the weights
-//     read twice, which the two cores read together from the shared L3;
+//     distilbert 1 x 256, 1.045x on BERT-large, and 1.03-1.04x as a lone call with its
+//     weights cycled from 24 copies: the two barriers per piece cost more than reading the
+//     weights twice;
 //   - the GEMM over all rows first, by weight blocks (each read once), each tile's row |max|
 //     taken while it is in L1, then the rows quantized from memory: 1.08x on distilbert,
 //     1.02x on BERT-large (the float output's round trip through memory);
