@@ -399,7 +399,7 @@ def test_quantize_per_token_kernel_refuses_bad_operands():
         (37, 96, 130, 2),
         (130, 384, 1536, 2),
         (130, 96, 200, 1),
-        (70, 96, 200, 3),  # three threads over four weight blocks: unequal shares
+        (70, 96, 200, 3),  # three threads: row tasks of 24, 24 and 22 rows
         (130, 768, 3072, 2),  # BERT-base's FFN-in: 2.4 MB of weights
         (130, 4096, 2112, 2),
     ],

@@ -644,6 +644,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_linear_quantize_rows(
                                 side_w, path);
   const int64_t M = x.size(0), N = out_features;
   constexpr const char* op = "squant::int8_linear_quantize_rows";
+  TORCH_CHECK(order == "auto" || order == "rows", op, ": order must be auto or rows");
   const at::Tensor mc = checked_multiplier(multiplier, N, op);
   const at::Tensor ic = checked_side_index(side_index, N, op, "outputs");
   const int64_t n_side = ic.defined() ? ic.numel() : 0;
@@ -662,7 +663,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_linear_quantize_rows(
     quantize_row(vector, row, mp, N, sp + m, qp + m * N);
     for (int64_t c = 0; c < n_side; ++c) side_p[m * n_side + c] = row[ip[c]];
   };
-  TORCH_CHECK(order == "auto" || order == "rows", op, ": order must be auto or rows");
   // up to 64 rows per task, fewer where that leaves a thread without rows (short inputs)
   const int64_t threads = at::get_num_threads();
   const int64_t block_m = std::max<int64_t>(1, std::min<int64_t>(kBlockM, (M + threads - 1) / threads));
