@@ -246,6 +246,29 @@ def test_the_runner_checks_its_inputs(exported):
             runner(*args)
 
 
+def test_squants_runner_runs_the_package_on_64_byte_aligned_weights(exported):
+    # AOTInductor's CPU runtime keeps a package's constants in one std::malloc block, 16 bytes
+    # into a cache line here; squant's runner moves them to aligned tensors at load
+    from torch._inductor.package import load_package
+
+    from squant.kernels.package_runner import NativePackageRunner
+
+    directory, inputs, _, _ = exported
+    loaded = squant.load_exported(directory)
+    assert isinstance(loaded.runner, NativePackageRunner)
+    assert torch.ops.squant.package_constant_alignment(loaded.runner.handle) == 64
+    # the runtime's own block is freed at load: memory handed out now would be read by any
+    # constant still pointing into it (this model has oneDNN-packed float weights too)
+    scribbled = [torch.full((1 << 16,), 7.0) for _ in range(64)]
+    ids, mask = inputs["input_ids"], inputs["attention_mask"]
+    args = (ids, mask, torch.zeros_like(ids))
+    ours = loaded.runner(*args)
+    binding = load_package(str(directory / "model.pt2"))
+    for a, b in zip(ours, binding(*args), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)  # the same weights, moved
+    del scribbled
+
+
 def test_runner_takes_segments_where_the_architecture_has_them(exported):
     directory, inputs, expected, q = exported
     runner = squant.load_exported(directory)
