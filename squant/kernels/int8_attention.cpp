@@ -275,7 +275,7 @@ SQ_AVX2 void value_column_scales_avx2(const Head& h, std::vector<float>& inv,
 }
 
 // quantize_values with AVX2: 8 columns per step, two keys' columns interleaved as s16 pairs.
-SQ_AVX2 void quantize_values_avx2(const Head& h, std::vector<int16_t>& vq,
+SQ_AVX2 void quantize_values_avx2(const Head& h, LineVector<int16_t>& vq,
                                   std::vector<float>& vscale) {
   const int64_t n = h.n_keys, d = h.dim, pairs = (n + 1) / 2, d8 = d / 8 * 8;
   const int64_t dv = padded_value_dim(d);
@@ -415,12 +415,13 @@ SQ_AVX2 void head_avx2(const Head& h) {
   constexpr int R = kRowsAvx2;
   const int64_t n = h.n_keys, d = h.dim, dp = (d + 1) / 2 * 2, pairs = dp / 2;
   const int64_t blocks = (n + kKeys - 1) / kKeys, width = blocks * kKeys;
-  std::vector<int16_t> kp(blocks * pairs * 2 * kKeys, 0);
+  LineVector<int16_t> kp(blocks * pairs * 2 * kKeys, 0);
   const int64_t vpairs = (n + 1) / 2;
-  std::vector<float> ks(width, 0.f), p(R * width), vscale;
-  std::vector<int16_t> vq, pq(R * 2 * vpairs);
+  LineVector<float> ks(width, 0.f), p(R * width);
+  std::vector<float> vscale;
+  LineVector<int16_t> vq, pq(R * 2 * vpairs);
   quantize_values_avx2(h, vq, vscale);
-  std::vector<int8_t> row(dp, 0);
+  LineVector<int8_t> row(dp, 0);
   for (int64_t j = 0; j < n; ++j) {
     const float* kr = h.k + h.keys[j] * h.stride;
     ks[j] = quantize_row_avx2(kr, d, row.data());
@@ -432,8 +433,8 @@ SQ_AVX2 void head_avx2(const Head& h) {
   }
   // Query rows as s16 pairs, one int32 per pair (the broadcast operand of vpmaddwd), stored
   // [pair][row] so the tile broadcasts its 6 rows from one place.
-  std::vector<int32_t> qp(pairs * R);
-  std::vector<int8_t> qrow(dp, 0);
+  LineVector<int32_t> qp(pairs * R);
+  LineVector<int8_t> qrow(dp, 0);
   float qs[R];
   for (int64_t i0 = 0; i0 < h.seq; i0 += R) {
     // A short last tile repeats its last row: the repeats compute (and write) the same values.
@@ -645,11 +646,12 @@ SQ_VNNI void attend_rows(float* scores, int64_t score_stride, int64_t rows, int6
 SQ_VNNI void head_vnni(const Head& h) {
   const int64_t n = h.n_keys, d = h.dim, dp = (d + 3) / 4 * 4, quads = dp / 4;
   const int64_t blocks = (n + 15) / 16;
-  std::vector<int8_t> kp(blocks * quads * 64, 0), row(dp, 0);
-  std::vector<int32_t> kcomp(blocks * 16, 0);  // 128 · Σ key, removed from the u8 · s8 sums
+  LineVector<int8_t> kp(blocks * quads * 64, 0), row(dp, 0);
+  LineVector<int32_t> kcomp(blocks * 16, 0);  // 128 · Σ key, removed from the u8 · s8 sums
   const int64_t vpairs = (n + 1) / 2;
-  std::vector<float> ks(blocks * 16, 0.f), p(kRows * blocks * 16), vscale;
-  std::vector<int16_t> vq, pq(kRows * 2 * vpairs);
+  LineVector<float> ks(blocks * 16, 0.f), p(kRows * blocks * 16);
+  std::vector<float> vscale;
+  LineVector<int16_t> vq, pq(kRows * 2 * vpairs);
   quantize_values_avx2(h, vq, vscale);  // AVX2 is enough: once per head, not per query
   // a key's 4-dim quads are int32 words: quad c of key j goes to word (block, c, j % 16)
   int32_t* kp32 = reinterpret_cast<int32_t*>(kp.data());
@@ -661,8 +663,8 @@ SQ_VNNI void head_vnni(const Head& h) {
     for (int64_t c = 0; c < quads; ++c) std::memcpy(dst + c * 16, row.data() + 4 * c, 4);
     kcomp[j] = 128 * sum;
   }
-  std::vector<int32_t> qp(kRows * quads);
-  std::vector<int8_t> qrow(dp, 0);
+  LineVector<int32_t> qp(kRows * quads);
+  LineVector<int8_t> qrow(dp, 0);
   float qs[kRows];
   for (int64_t i0 = 0; i0 < h.seq; i0 += kRows) {
     const int64_t rows = std::min<int64_t>(kRows, h.seq - i0);
@@ -771,7 +773,7 @@ inline int64_t key_quad_row(int64_t q) {
 // One head's values as two digit planes (vh, then vl), each [block of 16 columns][quad of
 // keys, in key_quad_row's order][column][4 keys] bytes, keys padded to npad and columns to
 // padded_value_dim with zeros; the integers are quantize_values_avx2's (same scales, same rounding).
-SQ_VNNI void value_digits(const Head& h, int64_t npad, std::vector<uint8_t>& digits,
+SQ_VNNI void value_digits(const Head& h, int64_t npad, LineVector<uint8_t>& digits,
                           std::vector<float>& vscale) {
   const int64_t n = h.n_keys, d = h.dim, dv = padded_value_dim(d), quads = npad / 4;
   const int64_t plane = dv * npad;
@@ -961,9 +963,9 @@ SQ_AMX void head_amx(const Head& h) {
   const int64_t n = h.n_keys, d = h.dim, dq = (d + 63) / 64 * 64, dquads = dq / 4;
   const int64_t npad = (n + kTileKeys - 1) / kTileKeys * kTileKeys;
   // keys for the tiles: [block of 16 keys][quad of dims][key][4] s8, zero past d and n
-  std::vector<int8_t> kp(npad * dq, 0), row(dq, 0);
-  std::vector<int32_t> kcomp(npad, 0);  // 128 · Σ key, removed from the u8 · s8 sums
-  std::vector<float> ks(npad, 0.f);
+  LineVector<int8_t> kp(npad * dq, 0), row(dq, 0);
+  LineVector<int32_t> kcomp(npad, 0);  // 128 · Σ key, removed from the u8 · s8 sums
+  LineVector<float> ks(npad, 0.f);
   int32_t* kp32 = reinterpret_cast<int32_t*>(kp.data());
   for (int64_t j = 0; j < n; ++j) {
     if (j + kAhead < n) prefetch_row(h.k + h.keys[j + kAhead] * h.stride, d);
@@ -975,13 +977,13 @@ SQ_AMX void head_amx(const Head& h) {
   }
   const int64_t dv = padded_value_dim(d);
   std::vector<float> vscale;
-  std::vector<uint8_t> vdigits;
+  LineVector<uint8_t> vdigits;
   value_digits(h, npad, vdigits, vscale);
-  std::vector<uint8_t> qa(kTileRows * dq, 128);  // padded dims: u8 128 = s8 0, meet zero keys
+  LineVector<uint8_t> qa(kTileRows * dq, 128);  // padded dims: u8 128 = s8 0, meet zero keys
   // two of each: the groups in flight (see above)
-  std::vector<int32_t> scores(2 * kTileRows * npad), sums(2 * 3 * kTileRows * dv);
-  std::vector<uint8_t> pdigits(2 * 2 * kTileRows * npad);
-  std::vector<float> p(npad);
+  LineVector<int32_t> scores(2 * kTileRows * npad), sums(2 * 3 * kTileRows * dv);
+  LineVector<uint8_t> pdigits(2 * 2 * kTileRows * npad);
+  LineVector<float> p(npad);
   float qs[2][kTileRows], inv_total[2][kTileRows];
   const int64_t groups = (h.seq + kTileRows - 1) / kTileRows;
   auto rows_of = [&](int64_t g) { return std::min<int64_t>(kTileRows, h.seq - g * kTileRows); };
@@ -1226,7 +1228,7 @@ at::Tensor int8_linear_attention(
   const int64_t tasks = batch * groups;
   run_claimed(tasks, [&](auto claim) {
     // uninitialized: every element is written before it is read
-    const std::unique_ptr<float[]> qkv(new float[seq * ld]);
+    const LineBuffer<float> qkv(seq * ld);
     for (int64_t t = claim(); t < tasks; t = claim()) {
       const int64_t b = t / groups, g = t % groups;
       if (groups == 1) {

@@ -669,7 +669,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_linear_quantize_rows(
   const int64_t tasks = (M + block_m - 1) / block_m;
   at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
     // uninitialized: every element is written before it is read
-    const std::unique_ptr<float[]> rows_out(new float[block_m * N]);
+    const LineBuffer<float> rows_out(block_m * N);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t m0 = task * block_m, rows = std::min(block_m, M - m0);
       linear_rows(l, N, m0, rows, rows_out.get());
