@@ -642,6 +642,9 @@ def test_serve_command_bad_input_is_one_line(tiny_checkpoint, tmp_path, capsys):
     with socket.create_server(("127.0.0.1", 0)) as busy:
         port = str(busy.getsockname()[1])
         assert "cannot listen on 127.0.0.1:" in error([str(tiny_checkpoint), "--port", port])
+    # a host that cannot be encoded (a stray byte from the shell) is an error, not a traceback
+    bad_host = [str(tiny_checkpoint), "--host", "\udcff", "--port", "18997"]
+    assert "is not a host name or address" in error(bad_host)
 
 
 def test_serve_builds_its_engine_from_a_deploy_directory(deploy_dir):

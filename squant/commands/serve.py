@@ -155,6 +155,8 @@ def _check_port_free(host: str, port: int) -> None:
             pass
     except OSError as e:
         raise SquantError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    except (TypeError, UnicodeError, ValueError):  # a host name that cannot be encoded
+        raise SquantError(f"--host {host!r} is not a host name or address") from None
 
 
 def run(args: argparse.Namespace) -> None:
