@@ -110,13 +110,14 @@ template <typename T>
 class LineBuffer {
  public:
   explicit LineBuffer(std::size_t count)
-      : p_(static_cast<T*>(::operator new(count * sizeof(T), std::align_val_t(kCacheLine)))) {}
-  ~LineBuffer() { ::operator delete(p_, std::align_val_t(kCacheLine)); }
+      : count_(count), p_(CacheLineAllocator<T>().allocate(count)) {}
+  ~LineBuffer() { CacheLineAllocator<T>().deallocate(p_, count_); }
   LineBuffer(const LineBuffer&) = delete;
   LineBuffer& operator=(const LineBuffer&) = delete;
   T* get() const { return p_; }
 
  private:
+  std::size_t count_;
   T* p_;
 };
 

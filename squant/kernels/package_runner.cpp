@@ -20,6 +20,8 @@
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 #include <torch/library.h>
 
+#include "internal.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <memory>
@@ -31,8 +33,6 @@ namespace squant_package {
 namespace {
 
 using Loader = torch::inductor::AOTIModelPackageLoader;
-
-constexpr uintptr_t kAlignment = 64;
 
 // A loaded package and the constants it runs on when squant realigned them (the runtime holds
 // pointers to these tensors: they live as long as the loader, and are destroyed after it).
@@ -63,7 +63,8 @@ bool in_memory(const at::Tensor& t) {
 }
 
 bool aligned(const at::Tensor& t) {
-  return !in_memory(t) || reinterpret_cast<uintptr_t>(t.data_ptr()) % kAlignment == 0;
+  if (!in_memory(t)) return true;  // an opaque tensor has no data pointer to ask
+  return reinterpret_cast<uintptr_t>(t.data_ptr()) % squant_kernels::kCacheLine == 0;
 }
 
 // The runtime's constants moved to 64-byte aligned tensors (see the top of this file); a
@@ -83,9 +84,9 @@ void realign_constants(Package& package) {
     const at::Tensor& t = it->second;
     // an opaque constant (a oneDNN-packed float weight) also points into the runtime's block:
     // cloned into memory of its own, so that the block can go
-    package.constants.push_back(in_memory(t)
-                                    ? at::empty_strided(t.sizes(), t.strides(), t.options()).copy_(t)
-                                    : t.clone());
+    package.constants.push_back(
+        in_memory(t) ? at::empty_strided(t.sizes(), t.strides(), t.options()).copy_(t)
+                     : t.clone());
     by_name.emplace(name, &package.constants.back());
   }
   // into the inactive set, made active, the runtime's own block freed with the old set
@@ -118,7 +119,7 @@ std::vector<at::Tensor> run_package(int64_t handle, std::vector<at::Tensor> inpu
 // runs on (64 once load_package realigned them).
 int64_t package_constant_alignment(int64_t handle) {
   const std::shared_ptr<Package> package = find(handle);
-  uintptr_t bits = kAlignment;
+  uintptr_t bits = squant_kernels::kCacheLine;
   for (const auto& kv : package->loader->get_runner()->extract_constants_map(false)) {
     if (!in_memory(kv.second)) continue;
     bits |= reinterpret_cast<uintptr_t>(kv.second.data_ptr());
