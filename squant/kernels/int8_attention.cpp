@@ -501,6 +501,20 @@ SQ_AVX2 void head_avx2(const Head& h) {
 
 #define SQ_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma")))
 
+// acc + the dot products of u8 (a) and s8 (b) quads, and of s16 pairs: vpdpbusd and vpdpwssd
+// as inline assembly that updates acc in its register. With the intrinsics GCC 12 copied
+// every accumulator to a new register and back on each step of a loop (two moves per
+// vpdpwssd in the P·V tile), and the loop ran on those moves.
+SQ_VNNI inline __m512i dpbusd(__m512i acc, __m512i a, __m512i b) {
+  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+  return acc;
+}
+
+SQ_VNNI inline __m512i dpwssd(__m512i acc, __m512i a, __m512i b) {
+  asm("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+  return acc;
+}
+
 // exp(x) for x <= 0 (softmax after subtracting the max): x·log2(e) = n + f, |f| <= 1/2,
 // 2^f by its degree-5 Taylor polynomial (relative error <= 2.4e-6, a tenth of a probability
 // step), times 2^n by scalef: 9 instructions, where a Cephes-style exp takes 16 (this loop is
@@ -520,9 +534,14 @@ SQ_VNNI inline __m512 exp512(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-// quantize_row with AVX512; the row's tail (n % 16 values) in one masked step, and Σ out
-// (the key's column sum for the u8 compensation) when `sum` is given.
-SQ_VNNI float quantize_row_vnni(const float* x, int64_t n, int8_t* out, int32_t* sum = nullptr) {
+// quantize_row with AVX512 (the same rounding), written straight from registers as 4-byte
+// words (word w = dims 4w to 4w + 3) at words[w · word_stride], each byte XORed with `flip`
+// (0x80 gives u8 = s8 + 128); the bytes past n in the last word are 0 ^ flip, words past it
+// are not written; Σ of the s8 integers into *sum when given. A row stored byte-masked and
+// read back as words made the reads wait for the stores (store forwarding fails there): 15%
+// of the AVX512-VNNI head's time at 32 dims.
+SQ_VNNI float quantize_row_words(const float* x, int64_t n, int32_t* words, int64_t word_stride,
+                                 uint8_t flip, int32_t* sum = nullptr) {
   const int64_t full = n / 16 * 16;
   const __mmask16 tail = __mmask16((1u << (n - full)) - 1);
   __m512 vmax = _mm512_setzero_ps();
@@ -533,6 +552,9 @@ SQ_VNNI float quantize_row_vnni(const float* x, int64_t n, int8_t* out, int32_t*
   const float scale = amax > 0.f ? amax / 127.f : 1.f;
   const __m512 vinv = _mm512_set1_ps(1.f / scale);
   const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
+  const __m128i vflip = _mm_set1_epi8(char(flip));
+  const int ws = int(word_stride);
+  const __m128i index = _mm_setr_epi32(0, ws, 2 * ws, 3 * ws);
   __m512i vsum = _mm512_setzero_si512();
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 m = i < full ? __mmask16(0xffff) : tail;
@@ -540,7 +562,11 @@ SQ_VNNI float quantize_row_vnni(const float* x, int64_t n, int8_t* out, int32_t*
     __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), vinv));
     q = _mm512_min_epi32(_mm512_max_epi32(q, lo), hi);
     vsum = _mm512_add_epi32(vsum, q);
-    _mm_mask_storeu_epi8(out + i, m, _mm512_cvtepi32_epi8(q));
+    const __m128i bytes = _mm_xor_si128(_mm512_cvtepi32_epi8(q), vflip);
+    const __mmask8 wm = __mmask8((1u << ((std::min<int64_t>(16, n - i) + 3) / 4)) - 1);
+    int32_t* w = words + i / 4 * word_stride;
+    if (word_stride == 1) _mm_mask_storeu_epi32(w, wm, bytes);
+    else _mm_mask_i32scatter_epi32(w, wm, index, bytes, 4);
   }
   if (sum != nullptr) *sum = _mm512_reduce_add_epi32(vsum);
   return scale;
@@ -561,20 +587,25 @@ SQ_VNNI float softmax_exp_vnni(float* p, int64_t n, float m) {
   return sum;
 }
 
-SQ_VNNI float softmax_unnormalized_vnni(float* p, int64_t n) {
-  __m512 vm = _mm512_set1_ps(-INFINITY);
-  int64_t j = 0;
-  for (; j + 16 <= n; j += 16) vm = _mm512_max_ps(vm, _mm512_loadu_ps(p + j));
-  float m = _mm512_reduce_max_ps(vm);
-  for (; j < n; ++j) m = std::max(m, p[j]);
-  return softmax_exp_vnni(p, n, m);
+// probs_to_s16_avx2 with AVX512, 16 values a step (the same rounding and results).
+SQ_VNNI int32_t probs_to_s16_vnni(const float* p, int64_t n, float k, int16_t* out) {
+  const __m512 vk = _mm512_set1_ps(k);
+  __m512i vt = _mm512_setzero_si512();
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = n - j >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - j)) - 1);
+    const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, p + j), vk));
+    vt = _mm512_add_epi32(vt, q);
+    _mm256_mask_storeu_epi16(out + j, m, _mm512_cvtepi32_epi16(q));  // q <= kProbSteps
+  }
+  if (n % 2) out[n] = 0;
+  return _mm512_reduce_add_epi32(vt);
 }
 
 // The P·V tile: kRows query rows x W blocks of 16 value columns from c0, one vpdpwssd per
 // (row, block, pair of keys); o[r][c] = sums · vscale[c] · inv_total[r], columns past d not
 // written.
 template <int W>
-SQ_VNNI void weighted_sum_tile_vnni(const int16_t* const* pq, const int16_t* vq, int64_t pairs,
+SQ_VNNI __attribute__((noinline)) void weighted_sum_tile_vnni(const int16_t* const* pq, const int16_t* vq, int64_t pairs,
                                     int64_t d, int64_t c0, const float* vscale, const float* inv_total,
                                     float* const* o) {
   __m512i acc[kRows][W];
@@ -587,7 +618,7 @@ SQ_VNNI void weighted_sum_tile_vnni(const int16_t* const* pq, const int16_t* vq,
     for (int w = 0; w < W; ++w) v[w] = _mm512_loadu_si512(vb[w] + jp * 2 * kValueBlock);
     for (int r = 0; r < kRows; ++r) {
       const __m512i x = _mm512_set1_epi32(load_pair(pq[r] + 2 * jp));
-      for (int w = 0; w < W; ++w) acc[r][w] = _mm512_dpwssd_epi32(acc[r][w], x, v[w]);
+      for (int w = 0; w < W; ++w) acc[r][w] = dpwssd(acc[r][w], x, v[w]);
     }
   }
   for (int w = 0; w < W; ++w) {
@@ -612,8 +643,8 @@ inline void prefetch_row(const float* row, int64_t d) {
 // Softmax and P·V for up to kRows query rows: row r's scores at scores + r · score_stride
 // (n of them), its output at out + r · out_stride; a short group repeats its last row (the
 // repeats compute, and write, the same values). pq: kRows rows of 2·vpairs s16 scratch.
-SQ_VNNI void attend_rows(float* scores, int64_t score_stride, int64_t rows, int64_t n,
-                         int64_t d, int64_t vpairs, int16_t* pq, const int16_t* vq,
+SQ_VNNI void attend_rows(float* scores, int64_t score_stride, const float* row_max, int64_t rows,
+                         int64_t n, int64_t d, int64_t vpairs, int16_t* pq, const int16_t* vq,
                          const float* vscale, float* out, int64_t out_stride) {
   const int16_t* pr[kRows];
   float* o[kRows];
@@ -622,9 +653,8 @@ SQ_VNNI void attend_rows(float* scores, int64_t score_stride, int64_t rows, int6
     const int64_t rr = std::min(r, rows - 1);
     if (r == rr) {
       float* pf = scores + r * score_stride;
-      const float sum = softmax_unnormalized_vnni(pf, n);
-      // the AVX2 conversion: once per query row, n values, a small part of the row's work
-      const int32_t total = probs_to_s16_avx2(pf, n, kProbSteps / sum, &pq[r * 2 * vpairs]);
+      const float sum = softmax_exp_vnni(pf, n, row_max[r]);
+      const int32_t total = probs_to_s16_vnni(pf, n, kProbSteps / sum, &pq[r * 2 * vpairs]);
       inv_total[r] = 1.f / float(total);
     } else {
       inv_total[r] = inv_total[rr];
@@ -642,68 +672,80 @@ SQ_VNNI void attend_rows(float* scores, int64_t score_stride, int64_t rows, int6
   }
 }
 
-// Keys packed for vpdpbusd: [block of 16 keys][quad of dims][key][4] as s8; dims padded to 4.
+// Keys packed for vpdpbusd: [block of 16 keys][quad of dims][key] as s8 words (4 dims each,
+// zero past d); queries as u8 words, kRows rows of `quads` words.
 SQ_VNNI void head_vnni(const Head& h) {
-  const int64_t n = h.n_keys, d = h.dim, dp = (d + 3) / 4 * 4, quads = dp / 4;
+  const int64_t n = h.n_keys, d = h.dim, quads = (d + 3) / 4;
   const int64_t blocks = (n + 15) / 16;
-  LineVector<int8_t> kp(blocks * quads * 64, 0), row(dp, 0);
+  LineVector<int32_t> kp(blocks * quads * 16, 0);
   LineVector<int32_t> kcomp(blocks * 16, 0);  // 128 · Σ key, removed from the u8 · s8 sums
   const int64_t vpairs = (n + 1) / 2;
   LineVector<float> ks(blocks * 16, 0.f), p(kRows * blocks * 16);
   std::vector<float> vscale;
   LineVector<int16_t> vq, pq(kRows * 2 * vpairs);
   quantize_values_avx2(h, vq, vscale);  // AVX2 is enough: once per head, not per query
-  // a key's 4-dim quads are int32 words: quad c of key j goes to word (block, c, j % 16)
-  int32_t* kp32 = reinterpret_cast<int32_t*>(kp.data());
   for (int64_t j = 0; j < n; ++j) {
     if (j + kAhead < n) prefetch_row(h.k + h.keys[j + kAhead] * h.stride, d);
     int32_t sum = 0;
-    ks[j] = quantize_row_vnni(h.k + h.keys[j] * h.stride, d, row.data(), &sum);
-    int32_t* dst = kp32 + (j / 16) * quads * 16 + j % 16;
-    for (int64_t c = 0; c < quads; ++c) std::memcpy(dst + c * 16, row.data() + 4 * c, 4);
+    ks[j] = quantize_row_words(h.k + h.keys[j] * h.stride, d, &kp[(j / 16) * quads * 16 + j % 16],
+                               16, 0, &sum);
     kcomp[j] = 128 * sum;
   }
   LineVector<int32_t> qp(kRows * quads);
-  LineVector<int8_t> qrow(dp, 0);
-  float qs[kRows];
+  float qs[kRows], row_max[kRows];
+  // the last block's keys past n are not scores: its max skips them
+  const __mmask16 last = n % 16 == 0 ? __mmask16(0xffff) : __mmask16((1u << (n % 16)) - 1);
   for (int64_t i0 = 0; i0 < h.seq; i0 += kRows) {
     const int64_t rows = std::min<int64_t>(kRows, h.seq - i0);
     for (int64_t r = 0; r < kRows && i0 + kRows + r < h.seq; ++r)
       prefetch_row(h.q + (i0 + kRows + r) * h.stride, d);
+    // u8 = s8 + 128 (the top bit flipped); the dims past d (u8 128 = s8 0) meet zero key dims
     for (int64_t r = 0; r < kRows; ++r) {
       const int64_t i = i0 + std::min(r, rows - 1);
-      qs[r] = quantize_row_vnni(h.q + i * h.stride, d, qrow.data()) * h.scaling;
-      // u8 = s8 + 128 is the s8 byte with its top bit flipped; padded dims (0) become 128,
-      // which meet zero key dims
-      for (int64_t c = 0; c < quads; ++c) {
-        uint32_t word;
-        std::memcpy(&word, qrow.data() + 4 * c, 4);
-        qp[r * quads + c] = int32_t(word ^ 0x80808080u);
-      }
+      qs[r] = quantize_row_words(h.q + i * h.stride, d, &qp[r * quads], 1, 0x80) * h.scaling;
     }
+    __m512 m0 = _mm512_set1_ps(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
     for (int64_t b = 0; b < blocks; ++b) {
-      const int8_t* kb = &kp[b * quads * 64];
+      const int32_t* kb = &kp[b * quads * 16];
       __m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0;
       for (int64_t c = 0; c < quads; ++c) {
-        const __m512i kv = _mm512_loadu_si512(kb + c * 64);
-        s0 = _mm512_dpbusd_epi32(s0, _mm512_set1_epi32(qp[c]), kv);
-        s1 = _mm512_dpbusd_epi32(s1, _mm512_set1_epi32(qp[quads + c]), kv);
-        s2 = _mm512_dpbusd_epi32(s2, _mm512_set1_epi32(qp[2 * quads + c]), kv);
-        s3 = _mm512_dpbusd_epi32(s3, _mm512_set1_epi32(qp[3 * quads + c]), kv);
+        const __m512i kv = _mm512_loadu_si512(kb + c * 16);
+        s0 = dpbusd(s0, _mm512_set1_epi32(qp[c]), kv);
+        s1 = dpbusd(s1, _mm512_set1_epi32(qp[quads + c]), kv);
+        s2 = dpbusd(s2, _mm512_set1_epi32(qp[2 * quads + c]), kv);
+        s3 = dpbusd(s3, _mm512_set1_epi32(qp[3 * quads + c]), kv);
       }
       const __m512i comp = _mm512_loadu_si512(&kcomp[b * 16]);
       const __m512 kscale = _mm512_loadu_ps(&ks[b * 16]);
-      const __m512i sums[kRows] = {s0, s1, s2, s3};
-      for (int64_t r = 0; r < kRows; ++r) {
-        const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(sums[r], comp)),
-                                       _mm512_mul_ps(kscale, _mm512_set1_ps(qs[r])));
-        _mm512_storeu_ps(&p[r * blocks * 16 + b * 16], f);
-      }
+      const __mmask16 valid = b + 1 < blocks ? __mmask16(0xffff) : last;
+      float* pb = &p[b * 16];
+      const int64_t ps = blocks * 16;
+      const __m512 f0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(s0, comp)),
+                                      _mm512_mul_ps(kscale, _mm512_set1_ps(qs[0])));
+      const __m512 f1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(s1, comp)),
+                                      _mm512_mul_ps(kscale, _mm512_set1_ps(qs[1])));
+      const __m512 f2 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(s2, comp)),
+                                      _mm512_mul_ps(kscale, _mm512_set1_ps(qs[2])));
+      const __m512 f3 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(s3, comp)),
+                                      _mm512_mul_ps(kscale, _mm512_set1_ps(qs[3])));
+      _mm512_storeu_ps(pb, f0);
+      _mm512_storeu_ps(pb + ps, f1);
+      _mm512_storeu_ps(pb + 2 * ps, f2);
+      _mm512_storeu_ps(pb + 3 * ps, f3);
+      m0 = _mm512_mask_max_ps(m0, valid, m0, f0);
+      m1 = _mm512_mask_max_ps(m1, valid, m1, f1);
+      m2 = _mm512_mask_max_ps(m2, valid, m2, f2);
+      m3 = _mm512_mask_max_ps(m3, valid, m3, f3);
     }
-    attend_rows(p.data(), blocks * 16, rows, n, d, vpairs, pq.data(), vq.data(), vscale.data(),
-                h.out + i0 * h.out_stride, h.out_stride);
+    row_max[0] = _mm512_reduce_max_ps(m0);
+    row_max[1] = _mm512_reduce_max_ps(m1);
+    row_max[2] = _mm512_reduce_max_ps(m2);
+    row_max[3] = _mm512_reduce_max_ps(m3);
+    attend_rows(p.data(), blocks * 16, row_max, rows, n, d, vpairs, pq.data(), vq.data(),
+                vscale.data(), h.out + i0 * h.out_stride, h.out_stride);
   }
 }
+
 
 // ------------------------------------------------------------------------------------------
 // AMX path: per group of 16 query rows, Q·Kᵀ on the tile unit (u8 query · s8 key, as the
@@ -947,39 +989,26 @@ SQ_VNNI float scale_scores(const int32_t* sr, const int32_t* kcomp, const float*
   return _mm512_reduce_max_ps(vm);
 }
 
-// quantize_row_vnni, written as u8 = s8 + 128 (the top bit flipped) for the tile's u8 operand.
-SQ_VNNI float quantize_row_u8(const float* x, int64_t d, uint8_t* out) {
-  int8_t* q = reinterpret_cast<int8_t*>(out);
-  const float scale = quantize_row_vnni(x, d, q);
-  const __m512i flip = _mm512_set1_epi8(char(0x80));
-  for (int64_t c = 0; c < d; c += 64) {
-    const __mmask64 m = d - c >= 64 ? ~__mmask64(0) : (__mmask64(1) << (d - c)) - 1;
-    _mm512_mask_storeu_epi8(out + c, m, _mm512_xor_si512(_mm512_maskz_loadu_epi8(m, q + c), flip));
-  }
-  return scale;
-}
-
 SQ_AMX void head_amx(const Head& h) {
   const int64_t n = h.n_keys, d = h.dim, dq = (d + 63) / 64 * 64, dquads = dq / 4;
   const int64_t npad = (n + kTileKeys - 1) / kTileKeys * kTileKeys;
   // keys for the tiles: [block of 16 keys][quad of dims][key][4] s8, zero past d and n
-  LineVector<int8_t> kp(npad * dq, 0), row(dq, 0);
+  LineVector<int32_t> kp(npad * dquads, 0);
   LineVector<int32_t> kcomp(npad, 0);  // 128 · Σ key, removed from the u8 · s8 sums
   LineVector<float> ks(npad, 0.f);
-  int32_t* kp32 = reinterpret_cast<int32_t*>(kp.data());
   for (int64_t j = 0; j < n; ++j) {
     if (j + kAhead < n) prefetch_row(h.k + h.keys[j + kAhead] * h.stride, d);
     int32_t sum = 0;
-    ks[j] = quantize_row_vnni(h.k + h.keys[j] * h.stride, d, row.data(), &sum);
+    ks[j] = quantize_row_words(h.k + h.keys[j] * h.stride, d, &kp[(j / 16) * dquads * 16 + j % 16],
+                               16, 0, &sum);
     kcomp[j] = 128 * sum;
-    int32_t* dst = kp32 + (j / 16) * dquads * 16 + j % 16;
-    for (int64_t c = 0; c < (d + 3) / 4; ++c) std::memcpy(dst + c * 16, row.data() + 4 * c, 4);
   }
   const int64_t dv = padded_value_dim(d);
   std::vector<float> vscale;
   LineVector<uint8_t> vdigits;
   value_digits(h, npad, vdigits, vscale);
-  LineVector<uint8_t> qa(kTileRows * dq, 128);  // padded dims: u8 128 = s8 0, meet zero keys
+  // queries as u8 = s8 + 128; padded dims: u8 128 = s8 0, meet zero keys
+  LineVector<uint8_t> qa(kTileRows * dq, 128);
   // two of each: the groups in flight (see above)
   LineVector<int32_t> scores(2 * kTileRows * npad), sums(2 * 3 * kTileRows * dv);
   LineVector<uint8_t> pdigits(2 * 2 * kTileRows * npad);
@@ -994,9 +1023,10 @@ SQ_AMX void head_amx(const Head& h) {
     const int64_t i0 = g * kTileRows, rows = rows_of(g);
     for (int64_t r = 0; r < rows; ++r) {
       if (r + kAhead < rows) prefetch_row(h.q + (i0 + r + kAhead) * h.stride, d);
-      qs[g % 2][r] = quantize_row_u8(h.q + (i0 + r) * h.stride, d, &qa[r * dq]) * h.scaling;
+      int32_t* words = reinterpret_cast<int32_t*>(&qa[r * dq]);
+      qs[g % 2][r] = quantize_row_words(h.q + (i0 + r) * h.stride, d, words, 1, 0x80) * h.scaling;
     }
-    return Scores{qa.data(), kp.data(), &scores[(g % 2) * kTileRows * npad], dq, npad, 0,
+    return Scores{qa.data(), reinterpret_cast<const int8_t*>(kp.data()), &scores[(g % 2) * kTileRows * npad], dq, npad, 0,
                   npad / 16};
   };
   auto weighted_sums_for = [&](int64_t g) {
