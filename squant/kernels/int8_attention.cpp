@@ -534,42 +534,83 @@ SQ_VNNI inline __m512 exp512(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-// quantize_row with AVX512 (the same rounding), written straight from registers as 4-byte
-// words (word w = dims 4w to 4w + 3) at words[w · word_stride], each byte XORed with `flip`
-// (0x80 gives u8 = s8 + 128); the bytes past n in the last word are 0 ^ flip, words past it
-// are not written; Σ of the s8 integers into *sum when given. A row stored byte-masked and
-// read back as words made the reads wait for the stores (store forwarding fails there): 15%
-// of the AVX512-VNNI head's time at 32 dims.
-SQ_VNNI float quantize_row_words(const float* x, int64_t n, int32_t* words, int64_t word_stride,
-                                 uint8_t flip, int32_t* sum = nullptr) {
+// Rows of one head are a few cache lines each, a whole token's Q|K|V (3·H·D floats) apart:
+// too far for the hardware prefetcher to follow, so each row is fetched a few rows ahead.
+constexpr int64_t kAhead = 8;
+
+inline void prefetch_row(const float* row, int64_t d) {
+  for (int64_t c = 0; c < d; c += 16) _mm_prefetch(reinterpret_cast<const char*>(row + c), _MM_HINT_T0);
+}
+
+// Where quantize_rows_words puts word w of row j:
+//   words[(j / 16) · block + (j % 16) · row + w · word]
+// (keys: 16 rows side by side in a block; queries: one row after another).
+struct WordLayout {
+  int64_t block, row, word;
+};
+
+// quantize_row with AVX512 (the same rounding) for `rows` rows (row j at x + (index ? index[j] :
+// j) · stride, n values each), written straight from registers as 4-byte words (word w = dims
+// 4w to 4w + 3) where `at` says, each byte XORed with `flip` (0x80 gives u8 = s8 + 128); the
+// bytes past n in a row's last word are 0 ^ flip, words past it are not written. scales[j] =
+// row j's scale; comp[j] = 128 · Σ of its integers (the u8 · s8 compensation), when given.
+// 16 rows a step, in passes (|max|, scales, integers), so that the rows' reductions and
+// divisions overlap: row by row, that chain made quantization 20% of the AVX512-VNNI head's
+// time at 32 dims. And a row stored byte-masked, then read back as words, made the reads wait
+// for the stores (store forwarding fails there).
+SQ_VNNI void quantize_rows_words(const float* x, int64_t stride, const int32_t* index,
+                                 int64_t rows, int64_t n, int32_t* words, WordLayout at,
+                                 uint8_t flip, float* scales, int32_t* comp) {
   const int64_t full = n / 16 * 16;
   const __mmask16 tail = __mmask16((1u << (n - full)) - 1);
-  __m512 vmax = _mm512_setzero_ps();
-  for (int64_t i = 0; i < full; i += 16)
-    vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_loadu_ps(x + i)));
-  vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_maskz_loadu_ps(tail, x + full)));
-  const float amax = _mm512_reduce_max_ps(vmax);
-  const float scale = amax > 0.f ? amax / 127.f : 1.f;
-  const __m512 vinv = _mm512_set1_ps(1.f / scale);
   const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
   const __m128i vflip = _mm_set1_epi8(char(flip));
-  const int ws = int(word_stride);
-  const __m128i index = _mm_setr_epi32(0, ws, 2 * ws, 3 * ws);
-  __m512i vsum = _mm512_setzero_si512();
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = i < full ? __mmask16(0xffff) : tail;
-    // nearest-even, as lrint in the scalar path
-    __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), vinv));
-    q = _mm512_min_epi32(_mm512_max_epi32(q, lo), hi);
-    vsum = _mm512_add_epi32(vsum, q);
-    const __m128i bytes = _mm_xor_si128(_mm512_cvtepi32_epi8(q), vflip);
-    const __mmask8 wm = __mmask8((1u << ((std::min<int64_t>(16, n - i) + 3) / 4)) - 1);
-    int32_t* w = words + i / 4 * word_stride;
-    if (word_stride == 1) _mm_mask_storeu_epi32(w, wm, bytes);
-    else _mm_mask_i32scatter_epi32(w, wm, index, bytes, 4);
+  const int ws = int(at.word);
+  const __m128i spread = _mm_setr_epi32(0, ws, 2 * ws, 3 * ws);
+  auto row = [&](int64_t j) { return x + (index != nullptr ? index[j] : j) * stride; };
+  alignas(64) float amax[16], inv[16];
+  for (int64_t j0 = 0; j0 < rows; j0 += 16) {
+    const int64_t count = std::min<int64_t>(16, rows - j0);
+    for (int64_t r = 0; r < 16; ++r) {
+      if (r >= count) {
+        amax[r] = 0.f;
+        continue;
+      }
+      if (j0 + r + kAhead < rows) prefetch_row(row(j0 + r + kAhead), n);
+      const float* xr = row(j0 + r);
+      __m512 vmax = _mm512_setzero_ps();
+      for (int64_t i = 0; i < full; i += 16)
+        vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_loadu_ps(xr + i)));
+      vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_maskz_loadu_ps(tail, xr + full)));
+      amax[r] = _mm512_reduce_max_ps(vmax);
+    }
+    // quantize_row's divisions, 16 rows at once: scale = |max| / 127 (1 for an all-zero row)
+    const __m512 a = _mm512_load_ps(amax);
+    const __m512 scale = _mm512_mask_div_ps(_mm512_set1_ps(1.f),
+                                            _mm512_cmp_ps_mask(a, _mm512_setzero_ps(), _CMP_GT_OQ),
+                                            a, _mm512_set1_ps(127.f));
+    _mm512_store_ps(inv, _mm512_div_ps(_mm512_set1_ps(1.f), scale));
+    _mm512_mask_storeu_ps(scales + j0, __mmask16((1u << count) - 1), scale);
+    for (int64_t r = 0; r < count; ++r) {
+      const float* xr = row(j0 + r);
+      int32_t* dst = words + j0 / 16 * at.block + r * at.row;
+      const __m512 vinv = _mm512_set1_ps(inv[r]);
+      __m512i vsum = _mm512_setzero_si512();
+      for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 m = i < full ? __mmask16(0xffff) : tail;
+        // nearest-even, as lrint in the scalar path
+        __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, xr + i), vinv));
+        q = _mm512_min_epi32(_mm512_max_epi32(q, lo), hi);
+        vsum = _mm512_add_epi32(vsum, q);
+        const __m128i bytes = _mm_xor_si128(_mm512_cvtepi32_epi8(q), vflip);
+        const __mmask8 wm = __mmask8((1u << ((std::min<int64_t>(16, n - i) + 3) / 4)) - 1);
+        int32_t* w = dst + i / 4 * at.word;
+        if (at.word == 1) _mm_mask_storeu_epi32(w, wm, bytes);
+        else _mm_mask_i32scatter_epi32(w, wm, spread, bytes, 4);
+      }
+      if (comp != nullptr) comp[j0 + r] = 128 * _mm512_reduce_add_epi32(vsum);
+    }
   }
-  if (sum != nullptr) *sum = _mm512_reduce_add_epi32(vsum);
-  return scale;
 }
 
 // In place: p[0, n) <- exp(p - m); returns the sum (the tail of n % 16 values by std::exp).
@@ -632,14 +673,6 @@ SQ_VNNI __attribute__((noinline)) void weighted_sum_tile_vnni(const int16_t* con
   }
 }
 
-// Rows of one head are a few cache lines each, a whole token's Q|K|V (3·H·D floats) apart:
-// too far for the hardware prefetcher to follow, so each row is fetched a few rows ahead.
-constexpr int64_t kAhead = 8;
-
-inline void prefetch_row(const float* row, int64_t d) {
-  for (int64_t c = 0; c < d; c += 16) _mm_prefetch(reinterpret_cast<const char*>(row + c), _MM_HINT_T0);
-}
-
 // Softmax and P·V for up to kRows query rows: row r's scores at scores + r · score_stride
 // (n of them), its output at out + r · out_stride; a short group repeats its last row (the
 // repeats compute, and write, the same values). pq: kRows rows of 2·vpairs s16 scratch.
@@ -684,25 +717,23 @@ SQ_VNNI void head_vnni(const Head& h) {
   std::vector<float> vscale;
   LineVector<int16_t> vq, pq(kRows * 2 * vpairs);
   quantize_values_avx2(h, vq, vscale);  // AVX2 is enough: once per head, not per query
-  for (int64_t j = 0; j < n; ++j) {
-    if (j + kAhead < n) prefetch_row(h.k + h.keys[j + kAhead] * h.stride, d);
-    int32_t sum = 0;
-    ks[j] = quantize_row_words(h.k + h.keys[j] * h.stride, d, &kp[(j / 16) * quads * 16 + j % 16],
-                               16, 0, &sum);
-    kcomp[j] = 128 * sum;
-  }
-  LineVector<int32_t> qp(kRows * quads);
+  quantize_rows_words(h.k, h.stride, h.keys, n, d, kp.data(), {quads * 16, 1, 16}, 0, ks.data(),
+                      kcomp.data());
+  // u8 = s8 + 128 (the top bit flipped); the dims past d (u8 128 = s8 0) meet zero key dims
+  LineVector<int32_t> qp(h.seq * quads);
+  LineVector<float> qscale(h.seq);
+  quantize_rows_words(h.q, h.stride, nullptr, h.seq, d, qp.data(), {16 * quads, quads, 1}, 0x80,
+                      qscale.data(), nullptr);
   float qs[kRows], row_max[kRows];
+  const int32_t* qr[kRows];
   // the last block's keys past n are not scores: its max skips them
   const __mmask16 last = n % 16 == 0 ? __mmask16(0xffff) : __mmask16((1u << (n % 16)) - 1);
   for (int64_t i0 = 0; i0 < h.seq; i0 += kRows) {
     const int64_t rows = std::min<int64_t>(kRows, h.seq - i0);
-    for (int64_t r = 0; r < kRows && i0 + kRows + r < h.seq; ++r)
-      prefetch_row(h.q + (i0 + kRows + r) * h.stride, d);
-    // u8 = s8 + 128 (the top bit flipped); the dims past d (u8 128 = s8 0) meet zero key dims
     for (int64_t r = 0; r < kRows; ++r) {
       const int64_t i = i0 + std::min(r, rows - 1);
-      qs[r] = quantize_row_words(h.q + i * h.stride, d, &qp[r * quads], 1, 0x80) * h.scaling;
+      qr[r] = &qp[i * quads];
+      qs[r] = qscale[i] * h.scaling;
     }
     __m512 m0 = _mm512_set1_ps(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
     for (int64_t b = 0; b < blocks; ++b) {
@@ -710,10 +741,10 @@ SQ_VNNI void head_vnni(const Head& h) {
       __m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0;
       for (int64_t c = 0; c < quads; ++c) {
         const __m512i kv = _mm512_loadu_si512(kb + c * 16);
-        s0 = dpbusd(s0, _mm512_set1_epi32(qp[c]), kv);
-        s1 = dpbusd(s1, _mm512_set1_epi32(qp[quads + c]), kv);
-        s2 = dpbusd(s2, _mm512_set1_epi32(qp[2 * quads + c]), kv);
-        s3 = dpbusd(s3, _mm512_set1_epi32(qp[3 * quads + c]), kv);
+        s0 = dpbusd(s0, _mm512_set1_epi32(qr[0][c]), kv);
+        s1 = dpbusd(s1, _mm512_set1_epi32(qr[1][c]), kv);
+        s2 = dpbusd(s2, _mm512_set1_epi32(qr[2][c]), kv);
+        s3 = dpbusd(s3, _mm512_set1_epi32(qr[3][c]), kv);
       }
       const __m512i comp = _mm512_loadu_si512(&kcomp[b * 16]);
       const __m512 kscale = _mm512_loadu_ps(&ks[b * 16]);
@@ -996,13 +1027,8 @@ SQ_AMX void head_amx(const Head& h) {
   LineVector<int32_t> kp(npad * dquads, 0);
   LineVector<int32_t> kcomp(npad, 0);  // 128 · Σ key, removed from the u8 · s8 sums
   LineVector<float> ks(npad, 0.f);
-  for (int64_t j = 0; j < n; ++j) {
-    if (j + kAhead < n) prefetch_row(h.k + h.keys[j + kAhead] * h.stride, d);
-    int32_t sum = 0;
-    ks[j] = quantize_row_words(h.k + h.keys[j] * h.stride, d, &kp[(j / 16) * dquads * 16 + j % 16],
-                               16, 0, &sum);
-    kcomp[j] = 128 * sum;
-  }
+  quantize_rows_words(h.k, h.stride, h.keys, n, d, kp.data(), {dquads * 16, 1, 16}, 0, ks.data(),
+                      kcomp.data());
   const int64_t dv = padded_value_dim(d);
   std::vector<float> vscale;
   LineVector<uint8_t> vdigits;
@@ -1021,11 +1047,10 @@ SQ_AMX void head_amx(const Head& h) {
   // group g's queries quantized for the tiles; its Q·Kᵀ then runs unit by unit
   auto scores_for = [&](int64_t g) {
     const int64_t i0 = g * kTileRows, rows = rows_of(g);
-    for (int64_t r = 0; r < rows; ++r) {
-      if (r + kAhead < rows) prefetch_row(h.q + (i0 + r + kAhead) * h.stride, d);
-      int32_t* words = reinterpret_cast<int32_t*>(&qa[r * dq]);
-      qs[g % 2][r] = quantize_row_words(h.q + (i0 + r) * h.stride, d, words, 1, 0x80) * h.scaling;
-    }
+    quantize_rows_words(h.q + i0 * h.stride, h.stride, nullptr, rows, d,
+                        reinterpret_cast<int32_t*>(qa.data()), {16 * dquads, dquads, 1}, 0x80,
+                        qs[g % 2], nullptr);
+    for (int64_t r = 0; r < rows; ++r) qs[g % 2][r] *= h.scaling;
     return Scores{qa.data(), reinterpret_cast<const int8_t*>(kp.data()), &scores[(g % 2) * kTileRows * npad], dq, npad, 0,
                   npad / 16};
   };
