@@ -26,7 +26,13 @@ import torch
 from ..cache import cache_root
 from ..errors import SquantError, first_line
 
-SOURCES = ("int8_attention.cpp", "int8_linear.cpp", "layer_norm.cpp", "package_runner.cpp")
+SOURCES = (
+    "int8_attention.cpp",
+    "int8_linear.cpp",
+    "layer_norm.cpp",
+    "memory_pool.cpp",
+    "package_runner.cpp",
+)
 # included by the sources: part of what a build depends on
 HEADERS = ("internal.h",)
 LIBRARY_NAME = "squant_kernels"

@@ -1192,7 +1192,7 @@ at::Tensor int8_attention(const at::Tensor& qkv, const std::optional<at::Tensor>
   const int64_t dim = width / num_heads;
   check_seq(seq);
   const auto keys = attended_keys(key_mask, batch, seq);
-  at::Tensor out = at::empty({batch, seq, width}, x.options());
+  at::Tensor out = pooled_empty({batch, seq, width}, x.options());
   if (batch == 0 || seq == 0) return out.to(in_dtype);
   const HeadFn fn = pick(std::string(isa), dim);
   const float* base = x.data_ptr<float>();
@@ -1260,7 +1260,7 @@ at::Tensor int8_linear_attention(
   const int64_t groups = head_groups(batch, num_heads, dim, at::get_num_threads());
   if (batch < at::get_num_threads() && groups == 1) {
     // no split: the projection over all threads, then the attention as its own call runs it
-    at::Tensor qkv = at::empty({M, out_features}, x.options().dtype(at::kFloat));
+    at::Tensor qkv = pooled_empty({M, out_features}, x.options().dtype(at::kFloat));
     float* qp = qkv.data_ptr<float>();
     constexpr int64_t kRowsPerTask = 64;
     at::parallel_for(0, (M + kRowsPerTask - 1) / kRowsPerTask, 1, [&](int64_t begin, int64_t end) {
@@ -1274,7 +1274,7 @@ at::Tensor int8_linear_attention(
     return int8_attention(qkv.view({batch, seq, out_features}), key_mask, num_heads, scaling, isa);
   }
   const auto keys = attended_keys(key_mask, batch, seq);
-  at::Tensor out = at::empty({batch, seq, width}, x.options().dtype(at::kFloat));
+  at::Tensor out = pooled_empty({batch, seq, width}, x.options().dtype(at::kFloat));
   if (seq == 0) return out;
   const HeadFn fn = pick(std::string(isa), dim);
   float* obase = out.data_ptr<float>();

@@ -602,7 +602,7 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed_weight,
   const at::ScalarType dtype = out_dtype.value_or(at::kFloat);
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16,
               "squant::int8_linear: out_dtype must be float32 or bfloat16");
-  at::Tensor out = at::empty({x.size(0), out_features}, x.options().dtype(dtype));
+  at::Tensor out = pooled_empty({x.size(0), out_features}, x.options().dtype(dtype));
   if (x.size(0) == 0) return out;
   if (dtype == at::kFloat) {
     run<float>(l.x, l.packed, l.e, out, l.vector_epilogue);
@@ -648,9 +648,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_linear_quantize_rows(
   const at::Tensor mc = checked_multiplier(multiplier, N, op);
   const at::Tensor ic = checked_side_index(side_index, N, op, "outputs");
   const int64_t n_side = ic.defined() ? ic.numel() : 0;
-  at::Tensor q = at::empty({M, N}, x.options().dtype(at::kByte));
-  at::Tensor scale = at::empty({M, 1}, x.options().dtype(at::kFloat));
-  at::Tensor side = at::empty({M, n_side}, x.options().dtype(at::kFloat));
+  at::Tensor q = pooled_empty({M, N}, x.options().dtype(at::kByte));
+  at::Tensor scale = pooled_empty({M, 1}, x.options().dtype(at::kFloat));
+  at::Tensor side = pooled_empty({M, n_side}, x.options().dtype(at::kFloat));
   if (M == 0) return {q, scale, side};
   const float* mp = mc.defined() ? mc.data_ptr<float>() : nullptr;
   const int64_t* ip = side_index ? ic.data_ptr<int64_t>() : nullptr;
@@ -696,13 +696,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_per_token(
   const bool vector = p != "scalar" && cpu_has_avx512();
   TORCH_CHECK(p != "avx512" || vector, "squant::quantize_per_token: this CPU has no AVX512");
   const at::Tensor xf = x.to(at::kFloat).contiguous();
-  at::Tensor q = at::empty({M, K}, x.options().dtype(at::kByte));
-  at::Tensor scale = at::empty({M, 1}, x.options().dtype(at::kFloat));
+  at::Tensor q = pooled_empty({M, K}, x.options().dtype(at::kByte));
+  at::Tensor scale = pooled_empty({M, 1}, x.options().dtype(at::kFloat));
   // the outlier channels gathered in the same pass over the rows (an index_select call cost
   // as much as a fifth of this op at 256 x 768)
   const at::Tensor ic = checked_side_index(side_index, K, op, "input features");
   const int64_t n_side = ic.defined() ? ic.numel() : 0;
-  at::Tensor side = at::empty({M, n_side}, xf.options());
+  at::Tensor side = pooled_empty({M, n_side}, xf.options());
   const float* xp = xf.data_ptr<float>();
   const float* mp = mc.defined() ? mc.data_ptr<float>() : nullptr;
   const int64_t* ip = n_side ? ic.data_ptr<int64_t>() : nullptr;

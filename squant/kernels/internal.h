@@ -59,6 +59,10 @@ at::Tensor checked_multiplier(const std::optional<at::Tensor>& multiplier, int64
 at::Tensor checked_side_index(const std::optional<at::Tensor>& side_index, int64_t width,
                               const char* op, const char* what);
 
+// at::empty for the kernels' output tensors (contiguous, CPU, uninitialized), from squant's
+// pool of freed blocks (memory_pool.cpp).
+at::Tensor pooled_empty(at::IntArrayRef sizes, const at::TensorOptions& options);
+
 // Tasks [0, tasks) over the OpenMP team, each thread claiming the next unclaimed one as it
 // finishes the last: worker(claim) runs once per thread and loops `for (t = claim(); t <
 // tasks; t = claim())`, keeping its scratch across its tasks. A static split of equal tasks

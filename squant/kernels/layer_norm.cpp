@@ -139,7 +139,7 @@ Rows check_rows(const at::Tensor& x, const std::optional<at::Tensor>& residual,
 template <typename Quantize>
 at::Tensor normalize_rows(const Rows& in, double eps, bool vector, const float* mult, float zp,
                           uint8_t* q, Quantize&& row) {
-  at::Tensor out = at::empty(in.x.sizes(), in.x.options());
+  at::Tensor out = pooled_empty(in.x.sizes(), in.x.options());
   const float* xp = in.x.data_ptr<float>();
   const float* rp = in.r.defined() ? in.r.data_ptr<float>() : nullptr;
   const float* wp = in.w.data_ptr<float>();
@@ -183,7 +183,7 @@ std::tuple<at::Tensor, at::Tensor> add_layer_norm_quantize(
   const bool vector = pick_vector(path);
   const at::Tensor mc = checked_multiplier(multiplier, in.H, kOp);
   TORCH_CHECK(zero_point >= 0 && zero_point <= 255, kOp, ": zero_point must be in [0, 255]");
-  at::Tensor q = at::empty({in.T, in.H}, x.options().dtype(at::kByte));
+  at::Tensor q = pooled_empty({in.T, in.H}, x.options().dtype(at::kByte));
   at::Tensor out = normalize_rows(in, eps, vector, mc.data_ptr<float>(),
                                   static_cast<float>(zero_point), q.data_ptr<uint8_t>(),
                                   [](int64_t, const float*) {});
@@ -199,9 +199,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_quanti
   const at::Tensor mc = checked_multiplier(multiplier, in.H, kOp);
   const at::Tensor ic = checked_side_index(side_index, in.H, kOp, "hidden features");
   const int64_t n_side = ic.defined() ? ic.numel() : 0;
-  at::Tensor q = at::empty({in.T, in.H}, x.options().dtype(at::kByte));
-  at::Tensor scale = at::empty({in.T, 1}, x.options());
-  at::Tensor side = at::empty({in.T, n_side}, x.options());
+  at::Tensor q = pooled_empty({in.T, in.H}, x.options().dtype(at::kByte));
+  at::Tensor scale = pooled_empty({in.T, 1}, x.options());
+  at::Tensor side = pooled_empty({in.T, n_side}, x.options());
   const float* mp = mc.defined() ? mc.data_ptr<float>() : nullptr;
   const int64_t* ip = n_side ? ic.data_ptr<int64_t>() : nullptr;
   uint8_t* qp = q.data_ptr<uint8_t>();
