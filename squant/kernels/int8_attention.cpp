@@ -264,11 +264,23 @@ SQ_AVX2 void value_column_scales_avx2(const Head& h, std::vector<float>& inv,
   const int64_t n = h.n_keys, d = h.dim, d8 = d / 8 * 8, dv = padded_value_dim(d);
   const __m256 sign = _mm256_set1_ps(-0.f);
   std::vector<float> amax(dv, 0.f);
-  for (int64_t j = 0; j < n; ++j) {
+  // 32 columns at a time in registers over all keys: a running |max| kept in memory made each
+  // key's step wait for the previous one's stores (6% of the AVX512-VNNI head at 32 dims)
+  for (int64_t c0 = 0; c0 < d8; c0 += 32) {
+    const int64_t k = std::min<int64_t>(4, (d8 - c0) / 8);
+    __m256 m0 = _mm256_setzero_ps(), m1 = m0, m2 = m0, m3 = m0;
+    for (int64_t j = 0; j < n; ++j) {
+      const float* vr = h.v + h.keys[j] * h.stride + c0;
+      m0 = _mm256_max_ps(m0, _mm256_andnot_ps(sign, _mm256_loadu_ps(vr)));
+      if (k > 1) m1 = _mm256_max_ps(m1, _mm256_andnot_ps(sign, _mm256_loadu_ps(vr + 8)));
+      if (k > 2) m2 = _mm256_max_ps(m2, _mm256_andnot_ps(sign, _mm256_loadu_ps(vr + 16)));
+      if (k > 3) m3 = _mm256_max_ps(m3, _mm256_andnot_ps(sign, _mm256_loadu_ps(vr + 24)));
+    }
+    const __m256 m[4] = {m0, m1, m2, m3};
+    for (int64_t i = 0; i < k; ++i) _mm256_storeu_ps(&amax[c0 + 8 * i], m[i]);
+  }
+  for (int64_t j = 0; j < n && d8 < d; ++j) {
     const float* vr = h.v + h.keys[j] * h.stride;
-    for (int64_t c = 0; c < d8; c += 8)
-      _mm256_storeu_ps(&amax[c], _mm256_max_ps(_mm256_loadu_ps(&amax[c]),
-                                               _mm256_andnot_ps(sign, _mm256_loadu_ps(vr + c))));
     for (int64_t c = d8; c < d; ++c) amax[c] = std::max(amax[c], std::fabs(vr[c]));
   }
   value_scales(amax, d, dv, inv, vscale);
