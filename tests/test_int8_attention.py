@@ -123,6 +123,19 @@ def test_flat_and_peaked_attention_keep_the_values_scale(paths):
         check_flat_and_peaked(torch.ops.squant.int8_attention, isa)
 
 
+def test_scratch_reused_across_head_sizes(paths):
+    """Each thread's heads take their scratch from one arena, emptied per head and grown when a
+    head needs more: a head too big for it (values past its first block), then small heads
+    again, must each give what they give alone and what the scalar path gives."""
+    attention = torch.ops.squant.int8_attention
+    small, large = (2, 37, 4, 64), (1, 700, 2, 64)
+    for isa in paths:
+        first = check_matches_float(attention, isa, small)
+        check_matches_float(attention, isa, large, check_matches_float(attention, "scalar", large))
+        qkv, mask = random_qkv(small)
+        assert torch.equal(attention(qkv, mask, 4, 64**-0.5, isa), first), isa
+
+
 @pytest.mark.parametrize("shape", [*SHAPES, (2, 200, 3, 48), (1, 300, 2, 128)])
 def test_amx_path_equals_the_avx512_vnni_path_bit_for_bit(paths, shape):
     """The AMX path computes P·V as 8-bit digit products whose s32 sums recombine to the
