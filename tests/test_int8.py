@@ -21,6 +21,23 @@ def test_quantize_weight_error_is_within_half_a_step():
     assert bool((err <= scale[:, None] / 2 + 1e-7).all())
 
 
+def test_quantize_weight_matches_the_plain_formula():
+    """quantize_weight takes |max| from one min/max pass and rounds in place: the same bytes
+    and scales as round(w / (max|w| / qmax)) written out, on rows led by a negative or a
+    positive value, an all-zero row and a row of ties at .5 steps."""
+    torch.manual_seed(0)
+    w = torch.randn(64, 96)
+    w[3] = 0.0
+    w[5, 7] = -9.0
+    w[6, 2] = 9.0
+    w[7] = torch.arange(96) / 127 - 0.3
+    for qmax in (63, 127):
+        q, scale = int8.quantize_weight(w, qmax=qmax)
+        want_scale = (w.abs().amax(dim=1) / qmax).clamp(min=1e-12)
+        want = torch.round(w / want_scale[:, None]).clamp(-qmax, qmax).to(torch.int8)
+        assert torch.equal(scale, want_scale) and torch.equal(q, want)
+
+
 def test_weights_fit_what_this_hosts_kernel_multiplies_exactly():
     """Without VNNI, u8 x s8 pairs add into a saturating int16: 8-bit weights overflow it.
     squant's weights (new or loaded) never exceed the host kernel's exact range."""

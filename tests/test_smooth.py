@@ -78,3 +78,19 @@ def test_int8_output_error_is_zero_for_exactly_representable_operands():
     w = torch.tensor([[127.0, 0.0], [-127.0, 127.0]]) / 127
     s = torch.ones(2)
     assert int8_output_error(x, w, s, "dynamic") < 1e-10
+
+
+@pytest.mark.parametrize("mode", ["static", "dynamic"])
+def test_int8_output_error_runs_the_gemm_the_model_runs(monkeypatch, mode):
+    """The alpha search scores each candidate on the GEMM a QuantLinear of that weight runs
+    (squant's where it runs); both GEMMs sum the same integers, so oneDNN's gives the same
+    error."""
+    from squant.quant import int8
+
+    torch.manual_seed(0)
+    x, w, s = torch.randn(40, 64), torch.randn(48, 64) * 0.05, torch.rand(64) + 0.5
+    rng = (float((x / s).min()), float((x / s).max()))
+    deployed = int8_output_error(x, w, s, mode, rng)
+    monkeypatch.setenv(int8.GEMM_ENV, "onednn")
+    onednn = int8_output_error(x, w, s, mode, rng)
+    assert deployed > 0 and deployed == pytest.approx(onednn, rel=1e-5)
