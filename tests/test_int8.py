@@ -38,6 +38,27 @@ def test_quantize_weight_matches_the_plain_formula():
         assert torch.equal(scale, want_scale) and torch.equal(q, want)
 
 
+@pytest.mark.parametrize("qmax", [63, 127])
+def test_quantize_weight_blocked_equals_quantize_then_pack(qmax):
+    """The alpha search's one-pass kernel gives quantize_weight's bytes and scales on W·s,
+    in pack_weight_blocked's layout with its row sums (padded rows, an all-zero row, a
+    width that is not a multiple of 16)."""
+    from squant import kernels
+
+    kernels.load()
+    torch.manual_seed(0)
+    for out, inp in [(100, 64), (3, 8), (130, 12)]:
+        w, s = torch.randn(out, inp) * 0.05, torch.rand(inp) + 0.5
+        w[1] = 0.0
+        got = torch.ops.squant.quantize_weight_blocked(w, s, qmax)
+        q, scale = int8.quantize_weight(w * s[None, :], qmax=qmax)
+        packed, compensation = int8.pack_weight_blocked(q)
+        assert torch.equal(got[0], packed) and torch.equal(got[1], compensation)
+        assert torch.equal(got[2], scale)
+    with pytest.raises(RuntimeError, match="multiple of 4"):
+        torch.ops.squant.quantize_weight_blocked(torch.ones(4, 6), torch.ones(6), 127)
+
+
 def test_weights_fit_what_this_hosts_kernel_multiplies_exactly():
     """Without VNNI, u8 x s8 pairs add into a saturating int16: 8-bit weights overflow it.
     squant's weights (new or loaded) never exceed the host kernel's exact range."""

@@ -32,6 +32,7 @@ SOURCES = (
     "layer_norm.cpp",
     "memory_pool.cpp",
     "package_runner.cpp",
+    "weight_quantize.cpp",
 )
 # included by the sources: part of what a build depends on
 HEADERS = ("internal.h",)

@@ -55,15 +55,20 @@ COARSE_GRID: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
 REFINE_RADIUS = 0.15
 
 
-def _deployed_gemm(w_q: Tensor, w_scale: Tensor) -> Callable[[Tensor, float, int], Tensor]:
-    """(x_q, x_scale, x_zero_point) -> float32 x·Wᵀ on the GEMM a QuantLinear of this weight
-    runs. squant's packs its weight in half the time of oneDNN's reorder (a permute, 4-5 ms
-    against 7-9 ms on BERT-large's 1024 x 4096 weights); both sum the same integers."""
-    if int8.gemm_kernel(w_q.shape[1]) == "squant":
-        packed, compensation = int8.pack_weight_blocked(w_q)
+def _deployed_gemm(weight: Tensor, s: Tensor) -> Callable[[Tensor, float, int], Tensor]:
+    """(x_q, x_scale, x_zero_point) -> float32 x·(W·s)ᵀ, W·s quantized as a QuantLinear's
+    weight (int8.quantize_weight), on the GEMM that QuantLinear runs. For squant's GEMM the
+    weight is quantized straight into its packed layout in one pass (squant::
+    quantize_weight_blocked, the same numbers): five tensor passes and a permuting copy took
+    ~20 ms per candidate on a 4096 x 1024 weight, most of BERT-large's alpha search."""
+    if int8.gemm_kernel(weight.shape[1]) == "squant":
+        packed, compensation, w_scale = torch.ops.squant.quantize_weight_blocked(
+            weight, s, int8.kernel_weight_qmax()
+        )
         return lambda x_q, scale, zp: int8.squant_linear(
             x_q, scale, zp, packed, compensation, w_scale, None, torch.float32
         )
+    w_q, w_scale = int8.quantize_weight(weight * s[None, :])
     onednn_packed = int8.pack_weight(w_q)
     w_zp = torch.zeros(w_q.shape[0], dtype=torch.int32)
     return lambda x_q, scale, zp: int8.int8_linear(
@@ -87,8 +92,7 @@ def int8_output_error(
     act_range (the calibrated range of x'); dynamic per token. reference: x Wᵀ, when the
     caller has it already.
     """
-    w_q, w_scale = int8.quantize_weight(weight * s[None, :])
-    gemm = _deployed_gemm(w_q, w_scale)
+    gemm = _deployed_gemm(weight, s)
     if mode == "static":
         if act_range is None:
             raise ValueError("static mode needs act_range")
