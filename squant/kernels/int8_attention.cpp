@@ -575,8 +575,7 @@ SQ_AVX2 void head_avx2(const Head& h) {
         }
       }
     }
-    const int16_t* pr[R];
-    int16_t* pw[R];
+    int16_t* prob_rows[R];
     float* sr[R];
     float* o[R];
     float inv_total[R], row_max[R];
@@ -584,23 +583,22 @@ SQ_AVX2 void head_avx2(const Head& h) {
       const int64_t rr = std::min(r, rows - 1);
       row_max[r] = hmax256(vmax[rr]);
       sr[r] = &p[rr * width];
-      pw[r] = &pq[rr * 2 * vpairs];
-      pr[r] = pw[r];
+      prob_rows[r] = &pq[rr * 2 * vpairs];
       o[r] = h.out + (i0 + rr) * h.out_stride;
     }
     // three rows at a time: six rows' sums, maxima and exp() constants overflow the 16 ymm
     // registers
     for (int64_t r = 0; r < rows; r += 3) {
       switch (std::min<int64_t>(3, rows - r)) {
-        case 3: softmax_rows_avx2<3>(sr + r, n, row_max + r, pw + r, inv_total + r); break;
-        case 2: softmax_rows_avx2<2>(sr + r, n, row_max + r, pw + r, inv_total + r); break;
-        default: softmax_rows_avx2<1>(sr + r, n, row_max + r, pw + r, inv_total + r);
+        case 3: softmax_rows_avx2<3>(sr + r, n, row_max + r, prob_rows + r, inv_total + r); break;
+        case 2: softmax_rows_avx2<2>(sr + r, n, row_max + r, prob_rows + r, inv_total + r); break;
+        default: softmax_rows_avx2<1>(sr + r, n, row_max + r, prob_rows + r, inv_total + r);
       }
     }
     for (int64_t r = rows; r < R; ++r) inv_total[r] = inv_total[rows - 1];
     for (int64_t c = 0; c < d; c += kValueBlock) {
       __m256i sums[2 * R];
-      weighted_sum_tile_avx2(pr, &vq[value_index(vpairs, 0, c)], vpairs, sums);
+      weighted_sum_tile_avx2(prob_rows, &vq[value_index(vpairs, 0, c)], vpairs, sums);
       store_weighted_sums_avx2(sums, d, c, vscale.data(), inv_total, o);
     }
   }
@@ -821,31 +819,29 @@ SQ_VNNI void attend_rows(float* scores, int64_t score_stride, const float* row_m
                          int64_t n, int64_t d, int64_t vpairs, int16_t* pq, const int16_t* vq,
                          const float* vscale, float* out, int64_t out_stride) {
   static_assert(kRows == 4, "attend_rows dispatches 1 to 4 rows");
-  const int16_t* pr[kRows];
-  int16_t* pw[kRows];
+  int16_t* prob_rows[kRows];
   float* sr[kRows];
   float* o[kRows];
   float inv_total[kRows];
   for (int64_t r = 0; r < kRows; ++r) {
     const int64_t rr = std::min(r, rows - 1);
     sr[r] = scores + rr * score_stride;
-    pw[r] = &pq[rr * 2 * vpairs];
-    pr[r] = pw[r];
+    prob_rows[r] = &pq[rr * 2 * vpairs];
     o[r] = out + rr * out_stride;
   }
   switch (rows) {
-    case 4: softmax_rows_vnni<4>(sr, n, row_max, pw, inv_total); break;
-    case 3: softmax_rows_vnni<3>(sr, n, row_max, pw, inv_total); break;
-    case 2: softmax_rows_vnni<2>(sr, n, row_max, pw, inv_total); break;
-    default: softmax_rows_vnni<1>(sr, n, row_max, pw, inv_total);
+    case 4: softmax_rows_vnni<4>(sr, n, row_max, prob_rows, inv_total); break;
+    case 3: softmax_rows_vnni<3>(sr, n, row_max, prob_rows, inv_total); break;
+    case 2: softmax_rows_vnni<2>(sr, n, row_max, prob_rows, inv_total); break;
+    default: softmax_rows_vnni<1>(sr, n, row_max, prob_rows, inv_total);
   }
   for (int64_t r = rows; r < kRows; ++r) inv_total[r] = inv_total[rows - 1];
   for (int64_t c = 0; c < d; c += 4 * kValueBlock) {
     switch (std::min<int64_t>(4, (d - c + kValueBlock - 1) / kValueBlock)) {
-      case 4: weighted_sum_tile_vnni<4>(pr, vq, vpairs, d, c, vscale, inv_total, o); break;
-      case 3: weighted_sum_tile_vnni<3>(pr, vq, vpairs, d, c, vscale, inv_total, o); break;
-      case 2: weighted_sum_tile_vnni<2>(pr, vq, vpairs, d, c, vscale, inv_total, o); break;
-      default: weighted_sum_tile_vnni<1>(pr, vq, vpairs, d, c, vscale, inv_total, o);
+      case 4: weighted_sum_tile_vnni<4>(prob_rows, vq, vpairs, d, c, vscale, inv_total, o); break;
+      case 3: weighted_sum_tile_vnni<3>(prob_rows, vq, vpairs, d, c, vscale, inv_total, o); break;
+      case 2: weighted_sum_tile_vnni<2>(prob_rows, vq, vpairs, d, c, vscale, inv_total, o); break;
+      default: weighted_sum_tile_vnni<1>(prob_rows, vq, vpairs, d, c, vscale, inv_total, o);
     }
   }
 }
