@@ -440,6 +440,7 @@ def test_quantize_per_token_kernel_refuses_bad_operands():
         (70, 96, 200, 3),  # three threads: row tasks of 24, 24 and 22 rows
         (130, 768, 3072, 2),  # BERT-base's FFN-in: 2.4 MB of weights
         (130, 4096, 2112, 2),
+        (300, 1024, 4096, 2),  # BERT-large's FFN-in: the columns order takes several pieces
     ],
 )
 def test_linear_then_per_token_quantize_in_one_call_is_exact(
@@ -474,7 +475,7 @@ def test_linear_then_per_token_quantize_in_one_call_is_exact(
             order: torch.ops.squant.int8_linear_quantize_rows(
                 *args, multiplier=multiplier, side_index=index, path=path, order=order, **extra
             )
-            for order in ("auto", "rows")
+            for order in ("auto", "rows", "columns")
         }
     finally:
         torch.set_num_threads(before)
@@ -485,8 +486,8 @@ def test_linear_then_per_token_quantize_in_one_call_is_exact(
     assert got[0].dtype == torch.uint8 and got[2].shape == (rows, 3)
     with pytest.raises(RuntimeError, match=f"side_index {outputs} is out of range"):
         torch.ops.squant.int8_linear_quantize_rows(*args, side_index=torch.tensor([outputs]))
-    with pytest.raises(RuntimeError, match="order must be auto or rows"):
-        torch.ops.squant.int8_linear_quantize_rows(*args, order="pieces")
+    with pytest.raises(RuntimeError, match="order must be auto, rows or columns"):
+        torch.ops.squant.int8_linear_quantize_rows(*args, order="diagonal")
 
 
 def test_gelu_epilogue_has_no_subnormal_slow_path():

@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -612,25 +613,121 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed_weight,
   return out;
 }
 
+// The columns order (see int8_linear_quantize_rows) where it measured faster: weights that do
+// not fit in a core's L2, more than one thread, and threads that run at once (OpenMP's team;
+// inside another parallel region the call runs on one thread, where rows cost the same).
+bool columns_order_pays(const Linear& l, int64_t N, int64_t threads) {
+  return AT_PARALLEL_OPENMP && threads > 1 && l.packed.size(0) > 1 &&
+         weight_major(l.x.size(1), N) && !at::in_parallel_region();
+}
+
+// The float output of a checked linear, piece by piece of rows, each thread computing the
+// columns of its own weight blocks (`owners` of them split the blocks), then
+// quantize(m, row, c0, c1, scale) for each row m of the piece and each owner's columns
+// [c0, c1) (row: their float values) once the row's scale is known from every owner's |max|
+// (of the values times mult, where given). A thread waits for the others at each piece by a
+// spin on a shared count: at::parallel_for runs its chunks at once on OpenMP's team, and a
+// thread given several owners (a smaller team, or a nested call run inline) counts them all.
+template <typename Quantize>
+void quantize_rows_by_columns(const Linear& l, int64_t N, int64_t owners,
+                              const Quantize& quantize, const float* mult) {
+  const int64_t M = l.x.size(0), K = l.x.size(1), n_blocks = l.packed.size(0);
+  auto columns_of = [&](int64_t o) {
+    return std::pair<int64_t, int64_t>{std::min(N, o * n_blocks / owners * kBlockN),
+                                       std::min(N, (o + 1) * n_blocks / owners * kBlockN)};
+  };
+  const int64_t widest = (n_blocks + owners - 1) / owners * kBlockN;
+  // rows per piece: the most 64-row groups whose float output fills at most half of L2
+  const int64_t groups = std::max<int64_t>(1, l2_bytes() / 2 / (kBlockM * widest * 4));
+  const int64_t piece_rows = std::min(groups * kBlockM, (M + kBlockM - 1) / kBlockM * kBlockM);
+  std::vector<float> part_max(owners * M);
+  std::atomic<int64_t> arrived{0};
+  std::atomic<bool> failed{false};
+  const uint8_t* a = l.x.data_ptr<uint8_t>();
+  const int8_t* b = l.packed.data_ptr<int8_t>();
+  at::parallel_for(0, owners, 1, [&](int64_t begin, int64_t end) {
+    try {
+      // uninitialized: every element is written before it is read
+      const LineBuffer<float> buffer((end - begin) * piece_rows * widest);
+      alignas(64) int32_t acc[kBlockM * kBlockN];
+      for (int64_t p0 = 0, piece = 1; p0 < M; p0 += piece_rows, ++piece) {
+        const int64_t rows = std::min(piece_rows, M - p0);
+        for (int64_t o = begin; o < end; ++o) {
+          const auto [c0, c1] = columns_of(o);
+          const int64_t w = c1 - c0;
+          float* out = buffer.get() + (o - begin) * piece_rows * widest;
+          for (int64_t n0 = c0; n0 < c1; n0 += kBlockN) {  // weight blocks outer
+            const int64_t cols = std::min(kBlockN, c1 - n0);
+            for (int64_t r0 = 0; r0 < rows; r0 += kBlockM) {
+              const int64_t m = p0 + r0, count = std::min(kBlockM, rows - r0);
+              at::native::cpublas::brgemm(count, kBlockN, K, K, kBlockN, kBlockN, false,
+                                          a + m * K, b + (n0 / kBlockN) * K * kBlockN, acc, true);
+              float* dst = out + r0 * w + (n0 - c0);
+              if (l.vector_epilogue) {
+                epilogue_avx512(acc, count, m, cols, n0, N, l.e, dst, w);
+              } else {
+                epilogue_scalar(acc, count, m, cols, n0, N, l.e, dst, w);
+              }
+            }
+          }
+          for (int64_t i = 0; i < rows; ++i) {
+            part_max[o * M + p0 + i] =
+                abs_max(l.vector_epilogue, out + i * w, mult ? mult + c0 : nullptr, w);
+          }
+        }
+        arrived.fetch_add(end - begin, std::memory_order_acq_rel);
+        while (arrived.load(std::memory_order_acquire) < owners * piece) {
+          if (failed.load(std::memory_order_relaxed)) return;
+          _mm_pause();
+        }
+        for (int64_t o = begin; o < end; ++o) {
+          const auto [c0, c1] = columns_of(o);
+          const float* out = buffer.get() + (o - begin) * piece_rows * widest;
+          for (int64_t i = 0; i < rows; ++i) {
+            float amax = 0.f;
+            for (int64_t t = 0; t < owners; ++t) amax = std::max(amax, part_max[t * M + p0 + i]);
+            quantize(p0 + i, out + i * (c1 - c0), c0, c1, row_scale_of(amax));
+          }
+        }
+      }
+    } catch (...) {
+      failed = true;  // the other threads stop waiting for this one
+      at::native::cpublas::brgemm_release(true);
+      throw;
+    }
+    at::native::cpublas::brgemm_release(true);
+  });
+}
+
 // int8_linear (float32 output) followed by quantize_per_token of that output, in one call:
 // the same integers, scales and outlier channels as the two calls, without writing the float
 // output to memory and reading it back. In a BERT layer this is the FFN's first GEMM (+ GELU)
-// feeding the second one's per-token input: 6 MB of float per layer at 8 x 128 tokens. Each
-// task computes whole rows (all output blocks of up to 64 rows) into a buffer that stays in
-// the core's L2 (64 x 4096 floats = 1 MB), then quantizes them.
-// Measured slower on an AMX Xeon, 2 threads, whole models (in-process A/B, interleaved):
-//   - 64-row pieces, each thread computing the columns of its own weight blocks and both
-//     quantizing once every row's |max| is known (each thread reads half the weights per
-//     piece, where a row task reads all of them): 1.024x the time of whole-row tasks on
-//     distilbert 1 x 256, 1.045x on BERT-large, and 1.03-1.04x as a lone call with its
-//     weights cycled from 24 copies: the two barriers per piece cost more than reading the
-//     weights twice;
+// feeding the second one's per-token input: 6 MB of float per layer at 8 x 128 tokens. Two
+// orders of work, both keeping the float output in the core's L2 ("auto" picks; tests force
+// each):
+//   rows:    each task computes whole rows (all output blocks of up to 64 rows) into an L2
+//            buffer (64 x 4096 floats = 1 MB), then quantizes them; where the weights fit in
+//            a core's L2, or on one thread;
+//   columns: each thread owns whole weight blocks (its columns) and computes them for a piece
+//            of rows, as many 64-row groups as fill half its L2, weight blocks outer, so each
+//            block is read once per piece; once every thread's |max| of the piece's rows is
+//            known (one spin barrier inside the one parallel region), each quantizes its
+//            columns. Where the weights do not fit, a row task reads all of them from L3 for
+//            every 64 rows: at 256 x 1024 -> 4096 (BERT-large) two row tasks per thread read
+//            8 MB each, the columns order 4 MB. AMX Xeon, 2 threads, bit-identical, in-process
+//            A/B: 0.89x the rows order's time at 256 x 1024 -> 4096 with GELU (weights cycled
+//            from 8 copies), 0.91x at 256 x 768 -> 3072, 0.92-0.93x at 1024 rows, 0.94x at
+//            128 x 1024 -> 4096; whole models 1 x 256 static, per-round median 0.98x on
+//            BERT-large and on distilbert.
+// Measured slower on the same host (whole models, in-process A/B, interleaved):
+//   - 64-row pieces by thread-owned columns, each piece in two parallel regions (compute,
+//     then quantize): 1.024x the rows order's time on distilbert 1 x 256, 1.045x on
+//     BERT-large; 64 rows per piece read the weights as often as row tasks do, and the
+//     regions' fork and join cost more than the one barrier here;
 //   - the GEMM over all rows first, by weight blocks (each read once), each tile's row |max|
 //     taken while it is in L1, then the rows quantized from memory: 1.08x on distilbert,
 //     1.02x on BERT-large (the float output's round trip through memory);
 //   - 128-row tasks, weight blocks outer: 1.026x on distilbert (the 1.5 MB buffer leaves L2).
-// `order` is "auto" or "rows" (the same); it stays in the schema so that packages which pass
-// it keep loading.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_linear_quantize_rows(
     const at::Tensor& x, const at::Tensor& packed_weight, const at::Tensor& compensation,
     double x_scale, int64_t x_zero_point, const at::Tensor& weight_scale,
@@ -644,7 +741,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_linear_quantize_rows(
                                 side_w, path);
   const int64_t M = x.size(0), N = out_features;
   constexpr const char* op = "squant::int8_linear_quantize_rows";
-  TORCH_CHECK(order == "auto" || order == "rows", op, ": order must be auto or rows");
+  TORCH_CHECK(order == "auto" || order == "rows" || order == "columns", op,
+              ": order must be auto, rows or columns");
   const at::Tensor mc = checked_multiplier(multiplier, N, op);
   const at::Tensor ic = checked_side_index(side_index, N, op, "outputs");
   const int64_t n_side = ic.defined() ? ic.numel() : 0;
@@ -663,8 +761,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_linear_quantize_rows(
     quantize_row(vector, row, mp, N, sp + m, qp + m * N);
     for (int64_t c = 0; c < n_side; ++c) side_p[m * n_side + c] = row[ip[c]];
   };
-  // up to 64 rows per task, fewer where that leaves a thread without rows (short inputs)
   const int64_t threads = at::get_num_threads();
+  if (order == "columns" || (order == "auto" && columns_order_pays(l, N, threads))) {
+    // row m's columns [c0, c1) (their floats at row) at the row's scale s
+    auto quantize_columns = [&](int64_t m, const float* row, int64_t c0, int64_t c1, float s) {
+      quantize_with(vector, row, mp ? mp + c0 : nullptr, c1 - c0, 1.f / s, qp + m * N + c0);
+      if (c0 == 0) sp[m] = s;
+      for (int64_t c = 0; c < n_side; ++c)
+        if (ip[c] >= c0 && ip[c] < c1) side_p[m * n_side + c] = row[ip[c] - c0];
+    };
+    const int64_t owners = std::min(threads, l.packed.size(0));
+    quantize_rows_by_columns(l, N, owners, quantize_columns, mp);
+    return {q, scale, side};
+  }
+  // up to 64 rows per task, fewer where that leaves a thread without rows (short inputs)
   const int64_t block_m = std::max<int64_t>(1, std::min<int64_t>(kBlockM, (M + threads - 1) / threads));
   const int64_t tasks = (M + block_m - 1) / block_m;
   at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
