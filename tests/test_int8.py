@@ -185,6 +185,40 @@ def test_squant_gemm_matches_exact_integer_math(activation, epilogue, rows, inpu
     assert float(((y16.double() - ref).abs() / (ref.abs() + 1)).max()) < 2**-8  # bf16 rounding
 
 
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize(
+    ("rows", "inputs", "outputs"),
+    # 3 x 2 tasks (weights in L2: by row block); 3 x 33 tasks by weight block (8.6 MB)
+    [(130, 384, 100), (130, 4096, 2112)],
+)
+def test_squant_gemm_gives_every_task_to_one_thread(threads, rows, inputs, outputs):
+    """Each thread runs its own range of 64 x 64 tasks and then takes tasks from the back of
+    the others' ranges: whatever the thread count (ranges of unequal length), the output
+    equals the one-thread output bit for bit and the float64 reference. A task run by no
+    thread leaves uninitialized memory in the output; the one-thread result is held, so the
+    pool cannot hand its block (with the right numbers in it) to the next call."""
+    _squant_gemm_or_skip()
+    g = torch.Generator().manual_seed(threads * 7 + outputs)
+    x_q = torch.randint(0, 256, (rows, inputs), dtype=torch.uint8, generator=g)
+    w_q = torch.randint(-127, 128, (outputs, inputs), dtype=torch.int8, generator=g)
+    w_scale = torch.rand(outputs, generator=g) * 0.01
+    bias = torch.randn(outputs, generator=g)
+    packed, compensation = int8.pack_weight_blocked(w_q)
+    operands = (x_q, packed, compensation, 0.02, 97, w_scale, bias, outputs)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = torch.ops.squant.int8_linear(*operands)
+        torch.set_num_threads(threads)
+        many = [torch.ops.squant.int8_linear(*operands) for _ in range(3)]
+    finally:
+        torch.set_num_threads(before)
+    ref = _exact_reference(x_q, w_q, 0.02, 97, w_scale, bias, "none")
+    assert float(((one.double() - ref).abs() / (ref.abs() + 1)).max()) < 1e-6
+    for y in many:
+        assert torch.equal(y, one)
+
+
 @pytest.mark.parametrize("epilogue", ["auto", "scalar"])
 @pytest.mark.parametrize("activation", ["none", "gelu"])
 @pytest.mark.parametrize("side", [3, 4])  # 4, the default count, is held in registers

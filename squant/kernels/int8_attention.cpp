@@ -1371,12 +1371,14 @@ at::Tensor int8_attention(const at::Tensor& qkv, const std::optional<at::Tensor>
 // apart in a tensor of the whole batch. With fewer batch rows than threads, each batch row's
 // heads are split into groups (one task per row and group) whose Q, K and V columns are whole
 // 64-column blocks of the GEMM: each task computes only its group's columns, again into L2.
-// Threads claim tasks as they finish (run_claimed), and there are at least two per thread
+// Threads claim tasks as they finish (run_claimed), and there are at least four per thread
 // where the heads split that far: distilbert 1 x 256 on 2 threads, 4 or 12 tasks claimed
-// against 2 split statically, 5.5-6% faster for the whole model (interleaved rounds, AMX Xeon).
+// against 2 split statically, 5.5-6% faster for the whole model (interleaved rounds, AMX Xeon);
+// BERT-large 1 x 256, 8 tasks of 2 heads against 4 of 4, 0.96-0.98x the whole model's time in
+// three in-process A/Bs (the thread that finishes first waits for less of a task).
 // Where no split exists, the projection runs over all threads first, then the (batch row,
 // head) problems do (as the two calls would).
-constexpr int64_t kTasksPerThread = 2;
+constexpr int64_t kTasksPerThread = 4;
 
 // How many head groups per batch row give every thread kTasksPerThread tasks: the fewest that
 // do, among those whose groups' Q|K|V columns are whole GEMM blocks; else the most there are.

@@ -442,9 +442,10 @@ int64_t l2_bytes() {
 
 // Task order: by row block (each row block's activations stay in L1 while the weight blocks
 // pass) or, where the weights do not fit in a core's L2, by weight block (each thread then
-// reads its share of the weights once, where row-block order read all of them once per row
-// block from L3: 256 x 4096 -> 1024 with 2 threads on an AMX Xeon 0.60 -> 0.46 ms, 256 x 3072
-// -> 768 0.34 -> 0.27 ms; but 256 x 768 -> 2304, whose 1.8 MB of weights fit, 0.27 -> 0.30 ms).
+// reads its share of the weights once, its range of tasks running in this order, see
+// run_claimed; row-block order read all of them once per row block from L3: 256 x 4096 ->
+// 1024 with 2 threads on an AMX Xeon 0.60 -> 0.46 ms, 256 x 3072 -> 768 0.34 -> 0.27 ms; but
+// 256 x 768 -> 2304, whose 1.8 MB of weights fit, 0.27 -> 0.30 ms).
 bool weight_major(int64_t K, int64_t N) { return K * N > l2_bytes(); }
 
 template <typename Out>
@@ -456,9 +457,10 @@ void run(const at::Tensor& x, const at::Tensor& packed, const Epilogue& e, at::T
   const int8_t* b = packed.data_ptr<int8_t>();
   Out* y = out.data_ptr<Out>();
   const bool by_weight = weight_major(K, N);
-  at::parallel_for(0, m_blocks * n_blocks, 1, [&](int64_t begin, int64_t end) {
+  const int64_t tasks = m_blocks * n_blocks;
+  run_claimed(tasks, [&](auto claim) {
     alignas(64) int32_t acc[kBlockM * kBlockN];
-    for (int64_t task = begin; task < end; ++task) {
+    for (int64_t task = claim(); task < tasks; task = claim()) {
       const int64_t mb = by_weight ? task % m_blocks : task / n_blocks;
       const int64_t nb = by_weight ? task / m_blocks : task % n_blocks;
       const int64_t m0 = mb * kBlockM, rows = std::min(kBlockM, M - m0);
