@@ -1417,8 +1417,9 @@ at::Tensor int8_linear_attention(
     at::Tensor qkv = pooled_empty({M, out_features}, x.options().dtype(at::kFloat));
     float* qp = qkv.data_ptr<float>();
     constexpr int64_t kRowsPerTask = 64;
-    at::parallel_for(0, (M + kRowsPerTask - 1) / kRowsPerTask, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t t = begin; t < end; ++t) {
+    const int64_t tasks = (M + kRowsPerTask - 1) / kRowsPerTask;
+    run_claimed(tasks, [&](auto claim) {
+      for (int64_t t = claim(); t < tasks; t = claim()) {
         const int64_t m0 = t * kRowsPerTask;
         linear(m0, std::min(kRowsPerTask, M - m0), 0, out_features, qp + m0 * out_features,
                out_features);

@@ -779,10 +779,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_linear_quantize_rows(
   // up to 64 rows per task, fewer where that leaves a thread without rows (short inputs)
   const int64_t block_m = std::max<int64_t>(1, std::min<int64_t>(kBlockM, (M + threads - 1) / threads));
   const int64_t tasks = (M + block_m - 1) / block_m;
-  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+  run_claimed(tasks, [&](auto claim) {
     // uninitialized: every element is written before it is read
     const LineBuffer<float> rows_out(block_m * N);
-    for (int64_t task = begin; task < end; ++task) {
+    for (int64_t task = claim(); task < tasks; task = claim()) {
       const int64_t m0 = task * block_m, rows = std::min(block_m, M - m0);
       linear_rows(l, N, m0, rows, rows_out.get());
       for (int64_t i = 0; i < rows; ++i) quantize_output_row(rows_out.get() + i * N, m0 + i);
