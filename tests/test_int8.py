@@ -145,6 +145,15 @@ def _squant_gemm_or_skip() -> None:
         pytest.skip("squant's int8 GEMM does not run on this CPU")
 
 
+def _random_gemm_operands(g, rows, inputs, outputs):
+    """u8 activations, s8 weights, per-output-channel weight scales and a float bias."""
+    x_q = torch.randint(0, 256, (rows, inputs), dtype=torch.uint8, generator=g)
+    w_q = torch.randint(-127, 128, (outputs, inputs), dtype=torch.int8, generator=g)
+    w_scale = torch.rand(outputs, generator=g) * 0.01
+    bias = torch.randn(outputs, generator=g)
+    return x_q, w_q, w_scale, bias
+
+
 def _exact_reference(x_q, w_q, x_scale, zp, w_scale, bias, activation):
     # integer sums are exact in float64 at these sizes; the epilogue in float64
     y = ((x_q.double() - zp) @ w_q.double().T) * x_scale * w_scale.double() + bias.double()
@@ -166,10 +175,7 @@ def test_squant_gemm_matches_exact_integer_math(activation, epilogue, rows, inpu
     the erf approximation's 1.5e-7)."""
     _squant_gemm_or_skip()
     g = torch.Generator().manual_seed(rows * 1000 + outputs)
-    x_q = torch.randint(0, 256, (rows, inputs), dtype=torch.uint8, generator=g)
-    w_q = torch.randint(-127, 128, (outputs, inputs), dtype=torch.int8, generator=g)
-    w_scale = torch.rand(outputs, generator=g) * 0.01
-    bias = torch.randn(outputs, generator=g)
+    x_q, w_q, w_scale, bias = _random_gemm_operands(g, rows, inputs, outputs)
     packed, compensation = int8.pack_weight_blocked(w_q)
     assert packed.shape == (-(-outputs // 64), inputs // 4, 64, 4)
     y = torch.ops.squant.int8_linear(
@@ -199,10 +205,7 @@ def test_squant_gemm_gives_every_task_to_one_thread(threads, rows, inputs, outpu
     pool cannot hand its block (with the right numbers in it) to the next call."""
     _squant_gemm_or_skip()
     g = torch.Generator().manual_seed(threads * 7 + outputs)
-    x_q = torch.randint(0, 256, (rows, inputs), dtype=torch.uint8, generator=g)
-    w_q = torch.randint(-127, 128, (outputs, inputs), dtype=torch.int8, generator=g)
-    w_scale = torch.rand(outputs, generator=g) * 0.01
-    bias = torch.randn(outputs, generator=g)
+    x_q, w_q, w_scale, bias = _random_gemm_operands(g, rows, inputs, outputs)
     packed, compensation = int8.pack_weight_blocked(w_q)
     operands = (x_q, packed, compensation, 0.02, 97, w_scale, bias, outputs)
     before = torch.get_num_threads()
@@ -230,10 +233,7 @@ def test_squant_gemm_epilogue_applies_row_scales_and_the_float_side_product(
     _squant_gemm_or_skip()
     g = torch.Generator().manual_seed(7)
     rows, inputs, outputs = 37, 96, 70
-    x_q = torch.randint(0, 256, (rows, inputs), dtype=torch.uint8, generator=g)
-    w_q = torch.randint(-127, 128, (outputs, inputs), dtype=torch.int8, generator=g)
-    w_scale = torch.rand(outputs, generator=g) * 0.01
-    bias = torch.randn(outputs, generator=g)
+    x_q, w_q, w_scale, bias = _random_gemm_operands(g, rows, inputs, outputs)
     row_scale = torch.rand(rows, 1, generator=g) + 0.1
     side_x = torch.randn(rows, side, generator=g) * 5
     side_w = torch.randn(side, outputs, generator=g)
